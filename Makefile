@@ -1,0 +1,47 @@
+# tenantfs: `make demo` and `make test` are all a fresh Debian machine needs.
+# Both install missing Debian packages first (as root, or through sudo when available).
+
+CARGO_TARGET_DIR ?= /var/tmp/tenantfs-target
+export CARGO_TARGET_DIR
+CARGO ?= cargo
+# clang/libclang-dev: bindgen for librocksdb-sys; fuse3: FUSE mounts; fio: benchmarks;
+# util-linux: losetup, fincore; e2fsprogs: mkfs.ext4/fsck for block-device-style volumes.
+DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux e2fsprogs
+
+.PHONY: all deps build demo test lint bench asan clean
+
+all: build
+
+deps:
+	@missing=""; for p in $(DEBS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing missing packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@command -v $(CARGO) >/dev/null || { echo "cargo not found: install Rust with rustup (https://rustup.rs)"; exit 1; }
+
+build: deps
+	$(CARGO) build --release --bins --examples
+
+demo: build
+	bash examples/demo.sh
+
+# One optimised profile for everything: RocksDB's C++ build is shared with `make build`.
+test: deps
+	$(CARGO) test --release --all-targets
+
+lint: deps
+	$(CARGO) fmt --check
+	$(CARGO) clippy --release --all-targets -- -D warnings
+
+bench: build
+	$(CARGO) run --release --example bench_ctr
+	$(CARGO) run --release --example bench_encrypted_reads
+	$(CARGO) run --release --example bench_cache_regimes
+
+clean:
+	$(CARGO) clean

@@ -1,0 +1,207 @@
+//! The TOML config file and byte sizes as people write them ("512M", "2G").
+//!
+//! Unknown keys are errors (a typo must not silently fall back to a default), and every error
+//! carries the file and line.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::store::{DirectIo, StoreHost};
+
+/// Where the config is read from when `--config` is not given (absent is fine).
+pub const DEFAULT_PATH: &str = "/etc/tenantfs/tenantfs.toml";
+
+/// A byte count parsed from `4096`, `64K`, `512M`, `2G`, `1T` (binary units; `KiB`/`KB` too).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ByteSize(pub u64);
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "invalid size {0:?}: write a number of bytes with an optional K, M, G or T suffix, e.g. 512M"
+)]
+pub struct SizeError(String);
+
+impl FromStr for ByteSize {
+    type Err = SizeError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || SizeError(s.to_owned());
+        let t = s.trim();
+        let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+        let (num, unit) = t.split_at(digits);
+        let n: u64 = num.parse().map_err(|_| err())?;
+        let shift = match unit.trim().to_ascii_uppercase().as_str() {
+            "" | "B" => 0,
+            "K" | "KB" | "KIB" => 10,
+            "M" | "MB" | "MIB" => 20,
+            "G" | "GB" | "GIB" => 30,
+            "T" | "TB" | "TIB" => 40,
+            _ => return Err(err()),
+        };
+        n.checked_mul(1 << shift).map(ByteSize).ok_or_else(err)
+    }
+}
+
+impl fmt::Display for ByteSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: [(&str, u64); 4] = [
+            ("T", 1 << 40),
+            ("G", 1 << 30),
+            ("M", 1 << 20),
+            ("K", 1 << 10),
+        ];
+        for (name, size) in UNITS {
+            if self.0 >= size && self.0.is_multiple_of(size) {
+                return write!(f, "{}{name}", self.0 / size);
+            }
+        }
+        write!(f, "{}", self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// The whole config file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub store: StoreConfig,
+}
+
+/// `[store]`: the tenant stores' shared RocksDB resources.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Block cache shared by all tenant stores.
+    pub block_cache: ByteSize,
+    /// Memtable memory across all tenant stores (charged to the block cache).
+    pub write_buffers: ByteSize,
+    /// "auto" (O_DIRECT where supported) or "off".
+    pub direct_io: DirectIo,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            block_cache: ByteSize(256 << 20),
+            write_buffers: ByteSize(64 << 20),
+            direct_io: DirectIo::Auto,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}, line {line}: {message}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("config file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+impl Config {
+    /// Loads `path`; with no explicit path a missing default file means the defaults.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let (path, explicit) = match path {
+            Some(p) => (p.to_owned(), true),
+            None => (PathBuf::from(DEFAULT_PATH), false),
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if !explicit && e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(Self::default())
+            }
+            Err(source) => return Err(ConfigError::Read { path, source }),
+        };
+        Self::parse(&text, &path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| {
+            let line = e
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1)
+                .unwrap_or(0);
+            ConfigError::Parse {
+                path: path.to_owned(),
+                line,
+                message: e.message().to_owned(),
+            }
+        })?;
+        if config.store.block_cache.0 < 1 << 20 {
+            return Err(ConfigError::Invalid {
+                path: path.to_owned(),
+                message: format!(
+                    "store.block_cache = {} is too small; use at least 1M",
+                    config.store.block_cache
+                ),
+            });
+        }
+        Ok(config)
+    }
+
+    /// The shared store resources this config describes.
+    pub fn store_host(&self) -> StoreHost {
+        StoreHost::builder()
+            .block_cache_bytes(self.store.block_cache.0 as usize)
+            .write_buffer_bytes(self.store.write_buffers.0 as usize)
+            .direct_io(self.store.direct_io)
+            .build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!("4096".parse::<ByteSize>().unwrap().0, 4096);
+        assert_eq!("64K".parse::<ByteSize>().unwrap().0, 65536);
+        assert_eq!("512M".parse::<ByteSize>().unwrap().0, 512 << 20);
+        assert_eq!("2G".parse::<ByteSize>().unwrap().0, 2 << 30);
+        assert_eq!("2GiB".parse::<ByteSize>().unwrap().0, 2 << 30);
+        for bad in ["", "G", "1.5G", "12Q", "-1", "99999999999T"] {
+            assert!(bad.parse::<ByteSize>().is_err(), "{bad}");
+        }
+        assert_eq!(ByteSize(512 << 20).to_string(), "512M");
+        assert_eq!(ByteSize(1000).to_string(), "1000");
+    }
+
+    #[test]
+    fn config_parse_and_errors() {
+        let p = Path::new("t.toml");
+        let c = Config::parse("[store]\nblock_cache = \"1G\"\ndirect_io = \"off\"\n", p).unwrap();
+        assert_eq!(c.store.block_cache.0, 1 << 30);
+        assert_eq!(c.store.direct_io, DirectIo::Off);
+        let e = Config::parse("[store]\n\nblock_cach = \"1G\"\n", p).unwrap_err();
+        assert!(matches!(e, ConfigError::Parse { line: 3, .. }), "{e}");
+        let e = Config::parse("[store]\nblock_cache = \"lots\"\n", p).unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        assert!(Config::parse("[store]\nblock_cache = 10\n", p).is_err());
+    }
+}

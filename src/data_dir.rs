@@ -1,0 +1,193 @@
+//! The host data dir: where the master key comes from, and the check that it is the right one.
+//!
+//! Layout:
+//!
+//! ```text
+//! <data-dir>/master.key     the master key, only when `init` created it (mode 0600)
+//! <data-dir>/master.check   a record sealed under the master key; a different key fails to open it
+//! <data-dir>/tenants/       one directory per tenant (see `tenants`)
+//! ```
+//!
+//! The master key is taken from, in order: `--master-key FILE`,
+//! `$CREDENTIALS_DIRECTORY/tenantfs-master-key` (systemd LoadCredential), `<data-dir>/master.key`.
+
+use std::fs;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use crate::crypto::{KeyError, MasterKey};
+use crate::fs_util::write_atomic;
+
+const KEY_FILE: &str = "master.key";
+const CHECK_FILE: &str = "master.check";
+const TENANTS: &str = "tenants";
+const CREDENTIAL_NAME: &str = "tenantfs-master-key";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataDirError {
+    #[error(
+        "data dir {0} is not initialised; run `tenantfs --data-dir {0} init` first \
+         (or set --data-dir / TENANTFS_DATA_DIR to the right place)"
+    )]
+    NotInitialised(PathBuf),
+    #[error(
+        "no master key: pass --master-key FILE, set $CREDENTIALS_DIRECTORY with a \
+         tenantfs-master-key credential, or run `tenantfs --data-dir {0} init` to create one"
+    )]
+    NoKey(PathBuf),
+    #[error(
+        "the master key from {key} is not the key data dir {root} was initialised with; \
+         nothing was changed; use the original key file"
+    )]
+    WrongKey { key: PathBuf, root: PathBuf },
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DataDirError + '_ {
+    move |source| DataDirError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Where the master key comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    /// `--master-key FILE`
+    Explicit(PathBuf),
+    /// systemd credential
+    Credential(PathBuf),
+    /// `<data-dir>/master.key`
+    DataDir(PathBuf),
+}
+
+impl KeySource {
+    pub fn path(&self) -> &Path {
+        match self {
+            KeySource::Explicit(p) | KeySource::Credential(p) | KeySource::DataDir(p) => p,
+        }
+    }
+
+    /// Picks the source by the documented order.
+    pub fn resolve(explicit: Option<&Path>, root: &Path) -> Self {
+        if let Some(p) = explicit {
+            return KeySource::Explicit(p.to_owned());
+        }
+        if let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") {
+            let p = Path::new(&dir).join(CREDENTIAL_NAME);
+            if p.exists() {
+                return KeySource::Credential(p);
+            }
+        }
+        KeySource::DataDir(root.join(KEY_FILE))
+    }
+}
+
+/// What `init` did.
+#[derive(Debug)]
+pub struct InitReport {
+    pub root: PathBuf,
+    pub key: KeySource,
+    pub created_key: bool,
+    pub already_initialised: bool,
+}
+
+/// An initialised data dir whose master key has been checked.
+pub struct DataDir {
+    root: PathBuf,
+    master: MasterKey,
+}
+
+impl DataDir {
+    /// Creates the data dir and, when no key is given by flag or credential, a new master key
+    /// file. Safe to run again: with the same key it changes nothing.
+    pub fn init(root: &Path, explicit_key: Option<&Path>) -> Result<InitReport, DataDirError> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(root)
+            .map_err(io_err(root))?;
+        let source = KeySource::resolve(explicit_key, root);
+        let mut created_key = false;
+        let master = match &source {
+            KeySource::DataDir(p) if !p.exists() => {
+                created_key = true;
+                MasterKey::create_file(p)?
+            }
+            other => MasterKey::load(other.path())?,
+        };
+        let check = root.join(CHECK_FILE);
+        let already_initialised = check.exists();
+        if already_initialised {
+            verify(root, &source, &master)?;
+        } else {
+            write_atomic(&check, &master.check_record()?, 0o600).map_err(io_err(&check))?;
+        }
+        let tenants = root.join(TENANTS);
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&tenants)
+            .map_err(io_err(&tenants))?;
+        Ok(InitReport {
+            root: root.to_owned(),
+            key: source,
+            created_key,
+            already_initialised,
+        })
+    }
+
+    /// Opens an initialised data dir, loading and checking the master key.
+    pub fn open(root: &Path, explicit_key: Option<&Path>) -> Result<Self, DataDirError> {
+        if !root.join(CHECK_FILE).exists() {
+            return Err(DataDirError::NotInitialised(root.to_owned()));
+        }
+        let source = KeySource::resolve(explicit_key, root);
+        if !source.path().exists() && matches!(source, KeySource::DataDir(_)) {
+            return Err(DataDirError::NoKey(root.to_owned()));
+        }
+        let master = MasterKey::load(source.path())?;
+        verify(root, &source, &master)?;
+        Ok(Self {
+            root: root.to_owned(),
+            master,
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn master_key(&self) -> &MasterKey {
+        &self.master
+    }
+
+    /// The directory holding one directory per tenant.
+    pub fn tenants_dir(&self) -> PathBuf {
+        tenants_dir(&self.root)
+    }
+}
+
+/// The tenants directory of a data dir (usable without the key, e.g. for listing).
+pub fn tenants_dir(root: &Path) -> PathBuf {
+    root.join(TENANTS)
+}
+
+fn verify(root: &Path, source: &KeySource, master: &MasterKey) -> Result<(), DataDirError> {
+    let check = root.join(CHECK_FILE);
+    let record = fs::read(&check).map_err(io_err(&check))?;
+    if master.matches_check_record(&record) {
+        Ok(())
+    } else {
+        Err(DataDirError::WrongKey {
+            key: source.path().to_owned(),
+            root: root.to_owned(),
+        })
+    }
+}

@@ -1,0 +1,13 @@
+//! tenantfs: a multi-tenant storage plane for Linux hosts.
+//!
+//! Each tenant's files live in its own RocksDB instance, encrypted at rest ([`store`]), under
+//! keys derived from one host master key ([`crypto`], [`data_dir`]). The tenant registry
+//! ([`tenants`]) creates, lists, opens and deletes tenants. See ARCHITECTURE.md for the data
+//! flow and on-disk format.
+
+pub mod config;
+pub mod crypto;
+pub mod data_dir;
+mod fs_util;
+pub mod store;
+pub mod tenants;

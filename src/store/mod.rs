@@ -1,0 +1,94 @@
+//! The encrypted per-tenant RocksDB store.
+//!
+//! Each tenant has its own RocksDB instance ([`TenantDb`]) whose every file is encrypted by the
+//! C++ shim (`shim.cc`, bridged in `ffi`) with a per-file key kept in a 4 KiB header
+//! (`file_key`). All stores of one process share one block cache and one write buffer manager
+//! ([`StoreHost`]), and read and write with O_DIRECT where the filesystem allows it
+//! (`direct_io`).
+
+pub mod direct_io;
+mod ffi;
+mod file_key;
+mod host;
+mod tenant_db;
+
+use std::path::PathBuf;
+
+pub use host::{DirectIo, StoreHost, StoreHostBuilder};
+pub use tenant_db::{Batch, Encryption, Entry, Family, OpenMode, TenantDb};
+
+/// Size of the encryption header at the start of every store file.
+pub const FILE_HEADER_LEN: usize = file_key::PREFIX_LEN;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(
+        "tenant {tenant}: its store is in use by another process or mount \
+         (RocksDB: {detail}); unmount it or stop that process first"
+    )]
+    InUse { tenant: String, detail: String },
+    #[error(
+        "tenant {tenant}: store data is corrupt during {op} ({detail}); the damaged range is \
+         unreadable, nothing was returned from it; restore the tenant from a backup"
+    )]
+    Corrupt {
+        tenant: String,
+        op: &'static str,
+        detail: String,
+    },
+    #[error("tenant {tenant}: store {op} failed: {detail}")]
+    Rocks {
+        tenant: String,
+        op: &'static str,
+        detail: String,
+    },
+    #[error(
+        "tenant {tenant}: no store at {path}; was the tenant created (`tenantfs tenant create`)?"
+    )]
+    Missing { tenant: String, path: PathBuf },
+    #[error("tenant {tenant}: {path}: {source}")]
+    Io {
+        tenant: String,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("tenant {tenant}: cannot build the encrypted RocksDB environment")]
+    Env { tenant: String },
+}
+
+impl StoreError {
+    fn from_rocksdb(tenant: &str, op: &'static str, e: rocksdb::Error) -> Self {
+        let detail = e.into_string();
+        let tenant = tenant.to_owned();
+        if detail.contains("lock") && detail.contains("LOCK") {
+            StoreError::InUse { tenant, detail }
+        } else if detail.starts_with("Corruption") {
+            StoreError::Corrupt { tenant, op, detail }
+        } else {
+            StoreError::Rocks { tenant, op, detail }
+        }
+    }
+
+    /// True when the store's bytes failed a checksum or key check.
+    pub fn is_corruption(&self) -> bool {
+        matches!(self, StoreError::Corrupt { .. })
+    }
+}
+
+#[doc(hidden)]
+/// For tests/store_ffi.rs: facts about the C++ shim to check against RocksDB's C API.
+pub mod layout {
+    pub fn env_wrapper_size() -> usize {
+        super::ffi::shim_layout().wrapper_size
+    }
+    pub fn prefix_length() -> usize {
+        super::ffi::shim_layout().prefix_length
+    }
+    /// Builds an encrypted Env and returns it with the `Env*` the shim says it holds.
+    pub fn encrypted_env_and_rep() -> (rocksdb::Env, *const std::ffi::c_void) {
+        let env =
+            super::ffi::encrypted_env(crate::crypto::TenantKey::generate().unwrap()).expect("env");
+        let rep = super::ffi::env_rep(&env);
+        (env, rep)
+    }
+}

@@ -1,0 +1,232 @@
+//! One tenant's RocksDB instance, encrypted at rest.
+//!
+//! Every file RocksDB writes for the tenant (SST, WAL, MANIFEST, OPTIONS, CURRENT, IDENTITY)
+//! goes through the tenant's encrypted Env (`ffi::encrypted_env`). The store has four column
+//! families for the filesystem model built on top of it; every error names the tenant.
+
+use std::path::{Path, PathBuf};
+
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
+
+use super::host::StoreHost;
+use super::StoreError;
+use crate::crypto::TenantKey;
+
+/// A key and its value.
+pub type Entry = (Vec<u8>, Vec<u8>);
+
+/// The column families of a tenant store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// inode number -> attributes
+    Inodes,
+    /// (parent inode, name) -> child inode and type
+    Dirents,
+    /// (inode, block index) -> private block or base block reference
+    Extents,
+    /// counters, volume settings, format version
+    Meta,
+}
+
+impl Family {
+    pub const ALL: [Family; 4] = [
+        Family::Inodes,
+        Family::Dirents,
+        Family::Extents,
+        Family::Meta,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Family::Inodes => "inodes",
+            Family::Dirents => "dirents",
+            Family::Extents => "extents",
+            Family::Meta => "meta",
+        }
+    }
+}
+
+/// How the store's files are protected at rest.
+pub enum Encryption {
+    /// Every file sealed under this tenant key (the only mode tenants use).
+    Tenant(TenantKey),
+    /// No encryption: exists only so benchmarks can measure what encryption costs.
+    PlaintextForBenchmarks,
+}
+
+/// Whether to create the store if it does not exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMode {
+    Create,
+    Existing,
+}
+
+/// An open tenant store.
+pub struct TenantDb {
+    db: DB,
+    tenant: String,
+    path: PathBuf,
+    direct_io: bool,
+}
+
+impl TenantDb {
+    /// Opens (or creates) the store at `path` for `tenant`.
+    pub fn open(
+        host: &StoreHost,
+        tenant: &str,
+        path: &Path,
+        encryption: Encryption,
+        mode: OpenMode,
+    ) -> Result<Self, StoreError> {
+        let err = |source: rocksdb::Error| StoreError::from_rocksdb(tenant, "open", source);
+        if mode == OpenMode::Existing && !path.join("CURRENT").exists() {
+            return Err(StoreError::Missing {
+                tenant: tenant.to_owned(),
+                path: path.to_owned(),
+            });
+        }
+        if mode == OpenMode::Create {
+            std::fs::create_dir_all(path).map_err(|source| StoreError::Io {
+                tenant: tenant.to_owned(),
+                path: path.to_owned(),
+                source,
+            })?;
+        }
+        let direct_io = host.use_direct_io(path);
+        let mut opts = host.options(direct_io);
+        if let Encryption::Tenant(key) = encryption {
+            let env = super::ffi::encrypted_env(key).ok_or_else(|| StoreError::Env {
+                tenant: tenant.to_owned(),
+            })?;
+            opts.set_env(&env);
+        }
+        opts.create_if_missing(mode == OpenMode::Create);
+        opts.create_missing_column_families(mode == OpenMode::Create);
+        let families = Family::ALL
+            .iter()
+            .map(|f| ColumnFamilyDescriptor::new(f.name(), opts.clone()));
+        let db = DB::open_cf_descriptors(&opts, path, families).map_err(err)?;
+        tracing::debug!(tenant, direct_io, path = %path.display(), "opened tenant store");
+        Ok(Self {
+            db,
+            tenant: tenant.to_owned(),
+            path: path.to_owned(),
+            direct_io,
+        })
+    }
+
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether this store reads and writes with O_DIRECT (false after a fallback).
+    pub fn direct_io(&self) -> bool {
+        self.direct_io
+    }
+
+    fn cf(&self, family: Family) -> &ColumnFamily {
+        self.db
+            .cf_handle(family.name())
+            .expect("every family is created at open")
+    }
+
+    pub fn get(&self, family: Family, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.db
+            .get_cf(self.cf(family), key)
+            .map_err(|e| StoreError::from_rocksdb(&self.tenant, "read", e))
+    }
+
+    pub fn put(&self, family: Family, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        let mut batch = self.batch();
+        batch.put(family, key, value);
+        self.write(batch)
+    }
+
+    /// Up to `limit` entries of `family` from `start` in key order.
+    pub fn scan(
+        &self,
+        family: Family,
+        start: &[u8],
+        limit: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
+        self.db
+            .iterator_cf(
+                self.cf(family),
+                IteratorMode::From(start, Direction::Forward),
+            )
+            .take(limit)
+            .map(|item| {
+                item.map(|(k, v)| (k.into_vec(), v.into_vec()))
+                    .map_err(|e| StoreError::from_rocksdb(&self.tenant, "read", e))
+            })
+            .collect()
+    }
+
+    /// A batch of changes applied atomically by [`Self::write`].
+    pub fn batch(&self) -> Batch<'_> {
+        Batch {
+            db: self,
+            inner: WriteBatch::default(),
+        }
+    }
+
+    pub fn write(&self, batch: Batch<'_>) -> Result<(), StoreError> {
+        self.db
+            .write(batch.inner)
+            .map_err(|e| StoreError::from_rocksdb(&self.tenant, "write", e))
+    }
+
+    /// Makes every write so far durable (syncs the WAL).
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.db
+            .flush_wal(true)
+            .map_err(|e| StoreError::from_rocksdb(&self.tenant, "sync", e))
+    }
+
+    /// Flushes all memtables to SST files.
+    pub fn flush(&self) -> Result<(), StoreError> {
+        let cfs: Vec<_> = Family::ALL.iter().map(|f| self.cf(*f)).collect();
+        self.db
+            .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())
+            .map_err(|e| StoreError::from_rocksdb(&self.tenant, "flush", e))
+    }
+
+    /// Compacts every family fully (rewrites every SST).
+    pub fn compact(&self) -> Result<(), StoreError> {
+        let mut opts = rocksdb::CompactOptions::default();
+        opts.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        for f in Family::ALL {
+            self.db
+                .compact_range_cf_opt(self.cf(f), None::<&[u8]>, None::<&[u8]>, &opts);
+        }
+        Ok(())
+    }
+}
+
+/// Changes to one tenant store that land together or not at all.
+pub struct Batch<'a> {
+    db: &'a TenantDb,
+    inner: WriteBatch,
+}
+
+impl Batch<'_> {
+    pub fn put(&mut self, family: Family, key: &[u8], value: &[u8]) {
+        self.inner.put_cf(self.db.cf(family), key, value);
+    }
+
+    pub fn delete(&mut self, family: Family, key: &[u8]) {
+        self.inner.delete_cf(self.db.cf(family), key);
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+}

@@ -1,0 +1,356 @@
+//! The tenant registry: one directory per tenant under `<data-dir>/tenants/`.
+//!
+//! ```text
+//! tenants/<name>/tenant.json   name, format version, block size, creation time, wrapped key
+//! tenants/<name>/tenant.lock   flock held while the tenant's store is open
+//! tenants/<name>/db/           the tenant's encrypted RocksDB
+//! ```
+//!
+//! A tenant appears only whole: `create` builds everything in a hidden staging directory and
+//! renames it into place; `delete` renames the directory away before removing it. The lock file
+//! makes "in use" visible across processes, so a mounted tenant cannot be deleted or opened twice.
+
+use std::fs::{self, File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use nix::fcntl::{Flock, FlockArg};
+use serde::{Deserialize, Serialize};
+
+use crate::crypto::{KeyError, TenantKey};
+use crate::data_dir::{tenants_dir, DataDir};
+use crate::fs_util::{sync_dir, tree_bytes, write_atomic};
+use crate::store::{Encryption, OpenMode, StoreError, StoreHost, TenantDb};
+
+const RECORD: &str = "tenant.json";
+const LOCK: &str = "tenant.lock";
+const DB: &str = "db";
+const FORMAT_VERSION: u32 = 1;
+/// Block size of a new volume when none is given.
+pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TenantError {
+    #[error(
+        "invalid tenant name {0:?}: use 1-64 characters from a-z, A-Z, 0-9, '.', '_', '-', \
+         starting with a letter or digit"
+    )]
+    BadName(String),
+    #[error("tenant {0} already exists; pick another name or delete it first")]
+    Exists(String),
+    #[error("unknown tenant {name}; `tenantfs tenant list` shows the tenants in {root}")]
+    Unknown { name: String, root: PathBuf },
+    #[error("tenant {0} is in use (mounted or open in another process); unmount it first")]
+    InUse(String),
+    #[error("invalid block size {0}: it must be a power of two from 4096 to 1048576 bytes")]
+    BadBlockSize(u64),
+    #[error(
+        "tenant {0}: its key does not open under this master key; \
+         use the master key the tenant was created with (nothing was changed)"
+    )]
+    WrongKey(String),
+    #[error("tenant {name}: record {path} is damaged ({detail}); restore it from a backup")]
+    BadRecord {
+        name: String,
+        path: PathBuf,
+        detail: String,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> TenantError + '_ {
+    move |source| TenantError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// What the registry knows about a tenant without opening its store.
+#[derive(Clone, Debug, Serialize)]
+pub struct TenantInfo {
+    pub name: String,
+    pub block_size: u32,
+    pub created_unix: u64,
+    /// Bytes the tenant's directory takes on disk (store files, encrypted).
+    pub disk_bytes: u64,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantRecord {
+    format_version: u32,
+    name: String,
+    block_size: u32,
+    created_unix: u64,
+    /// Tenant key sealed under the master key (hex).
+    wrapped_key: String,
+}
+
+/// Checks a tenant name: safe as a path component and in logs.
+pub fn validate_name(name: &str) -> Result<(), TenantError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(TenantError::BadName(name.to_owned()))
+    }
+}
+
+fn validate_block_size(size: u64) -> Result<u32, TenantError> {
+    if size.is_power_of_two() && (4096..=1 << 20).contains(&size) {
+        Ok(size as u32)
+    } else {
+        Err(TenantError::BadBlockSize(size))
+    }
+}
+
+/// An open tenant: its store, and the lock that says so to other processes.
+pub struct Tenant {
+    info: TenantInfo,
+    db: TenantDb,
+    _lock: Flock<File>,
+}
+
+impl Tenant {
+    pub fn info(&self) -> &TenantInfo {
+        &self.info
+    }
+
+    pub fn db(&self) -> &TenantDb {
+        &self.db
+    }
+}
+
+/// Creates a tenant with a fresh key and an empty store.
+pub fn create(
+    data: &DataDir,
+    host: &StoreHost,
+    name: &str,
+    block_size: Option<u64>,
+) -> Result<TenantInfo, TenantError> {
+    validate_name(name)?;
+    let block_size = validate_block_size(block_size.unwrap_or(DEFAULT_BLOCK_SIZE as u64))?;
+    let root = data.tenants_dir();
+    let dir = root.join(name);
+    if dir.exists() {
+        return Err(TenantError::Exists(name.to_owned()));
+    }
+    let staging = root.join(format!(".creating-{name}-{}", std::process::id()));
+    let result = (|| {
+        fs::create_dir(&staging).map_err(io_err(&staging))?;
+        let key = TenantKey::generate()?;
+        let record = TenantRecord {
+            format_version: FORMAT_VERSION,
+            name: name.to_owned(),
+            block_size,
+            created_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            wrapped_key: hex::encode(data.master_key().wrap_tenant_key(name, &key)?),
+        };
+        let json = serde_json::to_vec_pretty(&record).expect("record serialises");
+        let record_path = staging.join(RECORD);
+        write_atomic(&record_path, &json, 0o600).map_err(io_err(&record_path))?;
+        drop(TenantDb::open(
+            host,
+            name,
+            &staging.join(DB),
+            Encryption::Tenant(key),
+            OpenMode::Create,
+        )?);
+        // rename(2) will not replace a non-empty directory, so a racing create loses cleanly.
+        fs::rename(&staging, &dir).map_err(|e| {
+            if dir.exists() {
+                TenantError::Exists(name.to_owned())
+            } else {
+                TenantError::Io {
+                    path: dir.clone(),
+                    source: e,
+                }
+            }
+        })?;
+        sync_dir(&root).map_err(io_err(&root))?;
+        Ok(TenantInfo {
+            name: name.to_owned(),
+            block_size,
+            created_unix: record.created_unix,
+            disk_bytes: tree_bytes(&dir),
+        })
+    })();
+    if result.is_err() {
+        let _ = fs::remove_dir_all(&staging);
+    }
+    result
+}
+
+fn read_record(dir: &Path, name: &str) -> Result<TenantRecord, TenantError> {
+    let path = dir.join(RECORD);
+    let bytes = fs::read(&path).map_err(io_err(&path))?;
+    let record: TenantRecord =
+        serde_json::from_slice(&bytes).map_err(|e| TenantError::BadRecord {
+            name: name.to_owned(),
+            path: path.clone(),
+            detail: e.to_string(),
+        })?;
+    if record.name != name || record.format_version != FORMAT_VERSION {
+        return Err(TenantError::BadRecord {
+            name: name.to_owned(),
+            path,
+            detail: format!(
+                "names tenant {:?} with format version {}",
+                record.name, record.format_version
+            ),
+        });
+    }
+    Ok(record)
+}
+
+fn tenant_dir(root: &Path, name: &str) -> Result<PathBuf, TenantError> {
+    validate_name(name)?;
+    let dir = tenants_dir(root).join(name);
+    if dir.join(RECORD).exists() {
+        Ok(dir)
+    } else {
+        Err(TenantError::Unknown {
+            name: name.to_owned(),
+            root: root.to_owned(),
+        })
+    }
+}
+
+/// Every tenant in the data dir at `root`, by name. Needs no key.
+pub fn list(root: &Path) -> Result<Vec<TenantInfo>, TenantError> {
+    let dir = tenants_dir(root);
+    let entries = match fs::read_dir(&dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(TenantError::Io {
+                path: dir,
+                source: e,
+            })
+        }
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if validate_name(&name).is_err() || !entry.path().join(RECORD).exists() {
+            continue; // staging or deleting directories, stray files
+        }
+        let record = read_record(&entry.path(), &name)?;
+        out.push(TenantInfo {
+            name,
+            block_size: record.block_size,
+            created_unix: record.created_unix,
+            disk_bytes: tree_bytes(&entry.path()),
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+fn lock(dir: &Path, name: &str) -> Result<Flock<File>, TenantError> {
+    let path = dir.join(LOCK);
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    Flock::lock(file, FlockArg::LockExclusiveNonblock)
+        .map_err(|_| TenantError::InUse(name.to_owned()))
+}
+
+/// Opens a tenant's store, holding its lock until the returned [`Tenant`] drops.
+pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, TenantError> {
+    let dir = tenant_dir(data.root(), name)?;
+    let record = read_record(&dir, name)?;
+    let wrapped = hex::decode(&record.wrapped_key).map_err(|e| TenantError::BadRecord {
+        name: name.to_owned(),
+        path: dir.join(RECORD),
+        detail: e.to_string(),
+    })?;
+    // Unwrap before touching anything: a wrong key must change nothing at rest.
+    let key = data
+        .master_key()
+        .unwrap_tenant_key(name, &wrapped)
+        .ok_or_else(|| TenantError::WrongKey(name.to_owned()))?;
+    let lock = lock(&dir, name)?;
+    let db = TenantDb::open(
+        host,
+        name,
+        &dir.join(DB),
+        Encryption::Tenant(key),
+        OpenMode::Existing,
+    )?;
+    Ok(Tenant {
+        info: TenantInfo {
+            name: name.to_owned(),
+            block_size: record.block_size,
+            created_unix: record.created_unix,
+            disk_bytes: tree_bytes(&dir),
+        },
+        db,
+        _lock: lock,
+    })
+}
+
+/// Deletes a tenant and all its data. Refuses while the tenant is open anywhere.
+pub fn delete(data: &DataDir, name: &str) -> Result<(), TenantError> {
+    let dir = tenant_dir(data.root(), name)?;
+    let root = data.tenants_dir();
+    let lock = lock(&dir, name)?;
+    let doomed = root.join(format!(".deleting-{name}-{}", std::process::id()));
+    fs::rename(&dir, &doomed).map_err(io_err(&dir))?;
+    sync_dir(&root).map_err(io_err(&root))?;
+    drop(lock);
+    fs::remove_dir_all(&doomed).map_err(io_err(&doomed))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        for ok in ["a", "tenant-1", "A.b_c", &"x".repeat(64)] {
+            validate_name(ok).unwrap();
+        }
+        for bad in [
+            "",
+            ".hidden",
+            "-x",
+            "a/b",
+            "..",
+            "a b",
+            &"x".repeat(65),
+            "é",
+        ] {
+            assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn block_sizes() {
+        assert_eq!(validate_block_size(4096).unwrap(), 4096);
+        assert_eq!(validate_block_size(65536).unwrap(), 65536);
+        for bad in [0, 512, 4095, 6000, 2 << 20] {
+            assert!(validate_block_size(bad).is_err());
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! With direct I/O on, reading a tenant's whole data set twice leaves its SST files (almost)
+//! absent from the page cache, as measured by fincore(1) (mincore(2) under the hood).
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::{files_under, noise, TestHost};
+use tenantfs::store::{DirectIo, Family};
+use tenantfs::tenants;
+
+/// (resident bytes, size) of a file in the page cache.
+fn residency(path: &Path) -> (u64, u64) {
+    let out = Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--raw", "--output", "RES,SIZE"])
+        .arg(path)
+        .output()
+        .expect("fincore (util-linux) is installed");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut it = text.split_whitespace().map(|s| s.parse::<u64>().unwrap());
+    (it.next().unwrap(), it.next().unwrap())
+}
+
+fn sst_residency(mode: DirectIo) -> (u64, u64) {
+    let t = TestHost::new(mode);
+    tenants::create(&t.data, &t.host, "reader", None).unwrap();
+    let n = 16_000u64; // ~64 MiB of 4 KiB values: larger than the 64 MiB cache with overheads
+    {
+        let tenant = tenants::open(&t.data, &t.host, "reader").unwrap();
+        for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+            let mut b = tenant.db().batch();
+            for &i in chunk {
+                b.put(Family::Extents, &i.to_be_bytes(), &noise(i, 4096));
+            }
+            tenant.db().write(b).unwrap();
+        }
+        tenant.db().flush().unwrap();
+        tenant.db().compact().unwrap();
+    }
+    let tenant = tenants::open(&t.data, &t.host, "reader").unwrap();
+    for _ in 0..2 {
+        for i in 0..n {
+            let v = tenant.db().get(Family::Extents, &i.to_be_bytes()).unwrap();
+            assert_eq!(v.unwrap().len(), 4096);
+        }
+        assert_eq!(
+            tenant
+                .db()
+                .scan(Family::Extents, b"", usize::MAX)
+                .unwrap()
+                .len() as u64,
+            n
+        );
+    }
+    files_under(&t.root)
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "sst"))
+        .map(|p| residency(p))
+        .fold((0, 0), |(r, s), (r2, s2)| (r + r2, s + s2))
+}
+
+#[test]
+fn direct_io_keeps_ssts_out_of_page_cache() {
+    let (resident, size) = sst_residency(DirectIo::Auto);
+    assert!(size > 50 << 20, "SSTs hold only {size} bytes");
+    assert!(
+        resident * 100 < size,
+        "{resident} of {size} SST bytes resident in the page cache (limit 1%)"
+    );
+}
+
+/// The control: the same workload on buffered I/O does fill the page cache, so the check above
+/// measures something.
+#[test]
+fn buffered_io_fills_page_cache() {
+    let (resident, size) = sst_residency(DirectIo::Off);
+    assert!(
+        resident * 2 > size,
+        "buffered reads left only {resident} of {size} bytes resident"
+    );
+}
