@@ -9,5 +9,7 @@ pub mod config;
 pub mod crypto;
 pub mod data_dir;
 mod fs_util;
+pub mod fuse;
 pub mod store;
 pub mod tenants;
+pub mod volume;

@@ -309,6 +309,26 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, Tena
     })
 }
 
+/// Waits until no process holds the tenant open; `Ok(false)` if `timeout` passed first.
+pub fn wait_until_closed(
+    root: &Path,
+    name: &str,
+    timeout: std::time::Duration,
+) -> Result<bool, TenantError> {
+    let dir = tenant_dir(root, name)?;
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match lock(&dir, name) {
+            Ok(_) => return Ok(true),
+            Err(TenantError::InUse(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20))
+            }
+            Err(TenantError::InUse(_)) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Deletes a tenant and all its data. Refuses while the tenant is open anywhere.
 pub fn delete(data: &DataDir, name: &str) -> Result<(), TenantError> {
     let dir = tenant_dir(data.root(), name)?;

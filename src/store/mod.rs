@@ -69,6 +69,15 @@ impl StoreError {
         }
     }
 
+    /// True when the store's filesystem is full.
+    pub fn is_no_space(&self) -> bool {
+        match self {
+            StoreError::Rocks { detail, .. } => detail.contains("No space left"),
+            StoreError::Io { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
+            _ => false,
+        }
+    }
+
     /// True when the store's bytes failed a checksum or key check.
     pub fn is_corruption(&self) -> bool {
         matches!(self, StoreError::Corrupt { .. })

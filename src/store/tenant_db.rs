@@ -166,6 +166,58 @@ impl TenantDb {
             .collect()
     }
 
+    /// Calls `f` for each entry of `family` with `start <= key < end`, in key order, until `f`
+    /// returns false.
+    pub fn range(
+        &self,
+        family: Family,
+        start: &[u8],
+        end: &[u8],
+        mut f: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        let mut opts = rocksdb::ReadOptions::default();
+        opts.set_iterate_upper_bound(end.to_vec());
+        let mut it = self.db.raw_iterator_cf_opt(self.cf(family), opts);
+        it.seek(start);
+        while it.valid() {
+            let (Some(k), Some(v)) = (it.key(), it.value()) else {
+                break;
+            };
+            if !f(k, v) {
+                return Ok(());
+            }
+            it.next();
+        }
+        it.status()
+            .map_err(|e| StoreError::from_rocksdb(&self.tenant, "read", e))
+    }
+
+    /// The greatest key in `family`, if any.
+    pub fn last_key(&self, family: Family) -> Result<Option<Vec<u8>>, StoreError> {
+        let mut it = self.db.raw_iterator_cf(self.cf(family));
+        it.seek_to_last();
+        if it.valid() {
+            return Ok(it.key().map(<[u8]>::to_vec));
+        }
+        it.status()
+            .map(|()| None)
+            .map_err(|e| StoreError::from_rocksdb(&self.tenant, "read", e))
+    }
+
+    /// Bytes of free space on the filesystem holding the store, and its total size.
+    pub fn disk_space(&self) -> Result<(u64, u64), StoreError> {
+        let st = nix::sys::statvfs::statvfs(&self.path).map_err(|e| StoreError::Io {
+            tenant: self.tenant.clone(),
+            path: self.path.clone(),
+            source: e.into(),
+        })?;
+        let frag = st.fragment_size() as u64;
+        Ok((
+            st.blocks_available() as u64 * frag,
+            st.blocks() as u64 * frag,
+        ))
+    }
+
     /// A batch of changes applied atomically by [`Self::write`].
     pub fn batch(&self) -> Batch<'_> {
         Batch {
@@ -220,6 +272,11 @@ impl Batch<'_> {
 
     pub fn delete(&mut self, family: Family, key: &[u8]) {
         self.inner.delete_cf(self.db.cf(family), key);
+    }
+
+    /// Deletes every key of `family` with `start <= key < end`.
+    pub fn delete_range(&mut self, family: Family, start: &[u8], end: &[u8]) {
+        self.inner.delete_range_cf(self.db.cf(family), start, end);
     }
 
     pub fn len(&self) -> usize {

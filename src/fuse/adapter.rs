@@ -1,0 +1,705 @@
+//! FUSE requests <-> [`Volume`] calls: attribute conversion, errno mapping, lookup counts and
+//! directory handles. No filesystem logic lives here.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLseek,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::volume::{
+    Attr, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, Volume, VolumeError, XattrMode,
+};
+
+/// How long the kernel may cache attributes and entries. Every change goes through this
+/// process, so the kernel's cache cannot go stale behind its back.
+const TTL: Duration = Duration::from_secs(1);
+/// Largest write the kernel sends in one request.
+const MAX_WRITE: u32 = 1 << 20;
+
+/// Where file data is cached in RAM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum CacheMode {
+    /// FOPEN_DIRECT_IO: no page cache for tenant files; the daemon's caches are the only RAM
+    /// copy. mmap still works (FUSE_DIRECT_IO_ALLOW_MMAP).
+    #[default]
+    Direct,
+    /// The kernel page cache holds file data (faster re-reads, a second copy in RAM).
+    Kernel,
+}
+
+/// The FUSE filesystem of one tenant.
+pub struct TenantFs {
+    volume: Volume,
+    cache: CacheMode,
+    /// Kernel references per inode (lookups minus forgets): a removed file is freed at zero.
+    lookups: Mutex<HashMap<u64, u64>>,
+    /// Open directory snapshots, by handle.
+    dirs: Mutex<HashMap<u64, Vec<DirEntry>>>,
+    next_fh: AtomicU64,
+}
+
+fn errno(e: VolumeError) -> Errno {
+    if let VolumeError::Store(ref err) = e {
+        tracing::error!(error = %err, "store error");
+    }
+    Errno::from_i32(e.errno())
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+fn kind_from_mode(mode: u32) -> Option<FileKind> {
+    Some(match mode & libc::S_IFMT {
+        libc::S_IFREG | 0 => FileKind::File,
+        libc::S_IFIFO => FileKind::Fifo,
+        libc::S_IFSOCK => FileKind::Socket,
+        libc::S_IFCHR => FileKind::CharDev,
+        libc::S_IFBLK => FileKind::BlockDev,
+        _ => return None,
+    })
+}
+
+fn time(t: TimeOrNow) -> SystemTime {
+    match t {
+        TimeOrNow::SpecificTime(t) => t,
+        TimeOrNow::Now => SystemTime::now(),
+    }
+}
+
+impl TenantFs {
+    pub fn new(volume: Volume, cache: CacheMode) -> Self {
+        Self {
+            volume,
+            cache,
+            lookups: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    pub fn volume(&self) -> &Volume {
+        &self.volume
+    }
+
+    fn attr(&self, a: &Attr) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(a.ino),
+            size: a.size,
+            blocks: a.blocks,
+            atime: a.atime,
+            mtime: a.mtime,
+            ctime: a.ctime,
+            crtime: a.crtime,
+            kind: file_type(a.kind),
+            perm: a.perm,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            rdev: a.rdev,
+            blksize: self.volume.block_size(),
+            flags: 0,
+        }
+    }
+
+    fn remember(&self, ino: u64) {
+        let mut l = self.lookups.lock().unwrap_or_else(|p| p.into_inner());
+        *l.entry(ino).or_insert(0) += 1;
+    }
+
+    fn reply_entry(&self, reply: ReplyEntry, r: Result<Attr, VolumeError>) {
+        match r {
+            Ok(a) => {
+                self.remember(a.ino);
+                reply.entry(&TTL, &self.attr(&a), Generation(0));
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn open_flags(&self) -> FopenFlags {
+        match self.cache {
+            CacheMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
+            CacheMode::Kernel => FopenFlags::FOPEN_KEEP_CACHE,
+        }
+    }
+
+    fn empty(reply: ReplyEmpty, r: Result<(), VolumeError>) {
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn xattr_reply(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, VolumeError>) {
+        match r {
+            Ok(v) if size == 0 => reply.size(v.len() as u32),
+            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
+            Ok(v) => reply.data(&v),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}
+
+impl Filesystem for TenantFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(MAX_WRITE);
+        let wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        let supported = config.capabilities() & wanted;
+        if let Err(missing) = config.add_capabilities(supported) {
+            tracing::warn!(?missing, "kernel refused FUSE capabilities");
+        }
+        if self.cache == CacheMode::Direct
+            && !supported.contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+        {
+            tracing::warn!(
+                "kernel lacks FUSE_DIRECT_IO_ALLOW_MMAP: shared mmap of tenant files will fail"
+            );
+        }
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        if let Err(e) = self.volume.fsync() {
+            tracing::error!(error = %e, "final sync failed");
+        }
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        self.reply_entry(reply, self.volume.lookup(parent.0, name.as_bytes()));
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        let gone = {
+            let mut l = self.lookups.lock().unwrap_or_else(|p| p.into_inner());
+            match l.get_mut(&ino.0) {
+                Some(n) if *n > nlookup => {
+                    *n -= nlookup;
+                    false
+                }
+                Some(_) => {
+                    l.remove(&ino.0);
+                    true
+                }
+                None => true,
+            }
+        };
+        if gone {
+            if let Err(e) = self.volume.forget(ino.0) {
+                tracing::error!(ino = ino.0, error = %e, "cannot free a removed file");
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.volume.getattr(ino.0) {
+            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let set = SetAttr {
+            perm: mode.map(|m| (m & 0o7777) as u16),
+            uid,
+            gid,
+            size,
+            atime: atime.map(time),
+            mtime: mtime.map(time),
+            ctime,
+        };
+        match self.volume.setattr(ino.0, &set) {
+            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.volume.readlink(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(kind) = kind_from_mode(mode) else {
+            return reply.error(Errno::EINVAL);
+        };
+        let owner = Owner {
+            uid: req.uid(),
+            gid: req.gid(),
+        };
+        let r = self.volume.mknod(
+            parent.0,
+            name.as_bytes(),
+            kind,
+            (mode & 0o7777) as u16,
+            owner,
+            rdev,
+        );
+        self.reply_entry(reply, r);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let owner = Owner {
+            uid: req.uid(),
+            gid: req.gid(),
+        };
+        let r = self
+            .volume
+            .mkdir(parent.0, name.as_bytes(), (mode & 0o7777) as u16, owner);
+        self.reply_entry(reply, r);
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(reply, self.volume.unlink(parent.0, name.as_bytes()));
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(reply, self.volume.rmdir(parent.0, name.as_bytes()));
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let owner = Owner {
+            uid: req.uid(),
+            gid: req.gid(),
+        };
+        let r = self.volume.symlink(
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+            owner,
+        );
+        self.reply_entry(reply, r);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
+            RenameMode::Exchange
+        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
+            RenameMode::NoReplace
+        } else if flags.is_empty() {
+            RenameMode::Replace
+        } else {
+            return reply.error(Errno::EINVAL);
+        };
+        Self::empty(
+            reply,
+            self.volume.rename(
+                parent.0,
+                name.as_bytes(),
+                newparent.0,
+                newname.as_bytes(),
+                mode,
+            ),
+        );
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.reply_entry(
+            reply,
+            self.volume.link(ino.0, newparent.0, newname.as_bytes()),
+        );
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.volume.getattr(ino.0) {
+            Ok(a) if a.kind == FileKind::Dir => reply.error(Errno::EISDIR),
+            Ok(_) => reply.opened(FileHandle(0), self.open_flags()),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.volume.read(ino.0, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.volume.write(ino.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Writes go straight to the store; nothing is buffered here.
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(reply, self.volume.fsync());
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let listing = self.volume.readdir(ino.0).and_then(|entries| {
+            let attr = self.volume.getattr(ino.0)?;
+            let mut all = Vec::with_capacity(entries.len() + 2);
+            all.push(DirEntry {
+                name: b".".to_vec(),
+                ino: ino.0,
+                kind: FileKind::Dir,
+            });
+            all.push(DirEntry {
+                name: b"..".to_vec(),
+                ino: attr.parent,
+                kind: FileKind::Dir,
+            });
+            all.extend(entries);
+            Ok(all)
+        });
+        match listing {
+            Ok(all) => {
+                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+                self.dirs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(fh, all);
+                reply.opened(FileHandle(fh), FopenFlags::empty());
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(entries) = dirs.get(&fh.0) else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(
+                INodeNo(e.ino),
+                (i + 1) as u64,
+                file_type(e.kind),
+                OsStr::from_bytes(&e.name),
+            ) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries: Vec<(usize, DirEntry)> = {
+            let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(entries) = dirs.get(&fh.0) else {
+                return reply.error(Errno::EBADF);
+            };
+            entries
+                .iter()
+                .cloned()
+                .enumerate()
+                .skip(offset as usize)
+                .collect()
+        };
+        for (i, e) in entries {
+            // An entry removed since opendir is skipped.
+            let Ok(a) = self.volume.getattr(e.ino) else {
+                continue;
+            };
+            let dot = e.name == b"." || e.name == b"..";
+            if reply.add(
+                INodeNo(e.ino),
+                (i + 1) as u64,
+                OsStr::from_bytes(&e.name),
+                &TTL,
+                &self.attr(&a),
+                Generation(0),
+            ) {
+                break;
+            }
+            if !dot {
+                self.remember(e.ino);
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        self.dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        Self::empty(reply, self.volume.fsync());
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.volume.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks,
+                s.blocks_free,
+                s.blocks_free,
+                s.files,
+                s.files_free,
+                s.block_size,
+                s.name_max,
+                s.block_size,
+            ),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => XattrMode::Any,
+            libc::XATTR_CREATE => XattrMode::Create,
+            libc::XATTR_REPLACE => XattrMode::Replace,
+            _ => return reply.error(Errno::EINVAL),
+        };
+        Self::empty(
+            reply,
+            self.volume.setxattr(ino.0, name.as_bytes(), value, mode),
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        Self::xattr_reply(reply, size, self.volume.getxattr(ino.0, name.as_bytes()));
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        Self::xattr_reply(reply, size, self.volume.listxattr(ino.0));
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(reply, self.volume.removexattr(ino.0, name.as_bytes()));
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Permission bits are enforced by the kernel (default_permissions); this only says
+        // whether the inode exists.
+        Self::empty(reply, self.volume.getattr(ino.0).map(|_| ()));
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let owner = Owner {
+            uid: req.uid(),
+            gid: req.gid(),
+        };
+        match self.volume.mknod(
+            parent.0,
+            name.as_bytes(),
+            FileKind::File,
+            (mode & 0o7777) as u16,
+            owner,
+            0,
+        ) {
+            Ok(a) => {
+                self.remember(a.ino);
+                reply.created(
+                    &TTL,
+                    &self.attr(&a),
+                    Generation(0),
+                    FileHandle(0),
+                    self.open_flags(),
+                );
+            }
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
+        let op = match mode & !libc::FALLOC_FL_KEEP_SIZE {
+            0 => Fallocate::Allocate { keep_size },
+            libc::FALLOC_FL_PUNCH_HOLE if keep_size => Fallocate::PunchHole,
+            libc::FALLOC_FL_ZERO_RANGE => Fallocate::ZeroRange { keep_size },
+            _ => return reply.error(Errno::EOPNOTSUPP),
+        };
+        Self::empty(reply, self.volume.fallocate(ino.0, offset, length, op));
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        if offset < 0 {
+            return reply.error(Errno::ENXIO);
+        }
+        let r = match whence {
+            libc::SEEK_DATA => self.volume.seek_data(ino.0, offset as u64),
+            libc::SEEK_HOLE => self.volume.seek_hole(ino.0, offset as u64),
+            libc::SEEK_SET => Ok(offset as u64),
+            _ => return reply.error(Errno::EINVAL),
+        };
+        match r {
+            Ok(o) => reply.offset(o as i64),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+}

@@ -1,0 +1,11 @@
+//! The FUSE side of a tenant filesystem: the fuser adapter over [`crate::volume::Volume`] and
+//! mounting, serving and unmounting.
+
+mod adapter;
+mod mount;
+
+pub use adapter::{CacheMode, TenantFs};
+pub use mount::{
+    find_mount, parse_mountinfo, prepare_mountpoint, serve, unmount, MountEntry, MountError,
+    MountOptions, FS_TYPE,
+};

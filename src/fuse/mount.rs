@@ -1,0 +1,344 @@
+//! Mounting, serving and unmounting a tenant filesystem, and reading the mount table.
+//!
+//! `serve` mounts a [`Volume`] with fuser and answers requests until the filesystem is
+//! unmounted (by `tenantfs umount`, umount(8), or SIGTERM/SIGINT to the serving process), then
+//! makes everything durable. A mountpoint left dead by a killed server ("transport endpoint is
+//! not connected") is detached before mounting again.
+
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use fuser::{Config, MountOption, SessionACL};
+use nix::sys::signal::{SigSet, Signal};
+
+use super::adapter::{CacheMode, TenantFs};
+use crate::volume::Volume;
+
+/// Threads answering FUSE requests for one mount.
+const FUSE_THREADS: usize = 4;
+/// Filesystem type as the mount table shows it.
+pub const FS_TYPE: &str = "fuse.tenantfs";
+const SOURCE_PREFIX: &str = "tenantfs:";
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("mountpoint {0} does not exist; create it first (mkdir -p {0})")]
+    NoMountpoint(PathBuf),
+    #[error("mountpoint {0} is not a directory")]
+    NotADirectory(PathBuf),
+    #[error("{path} is already mounted (tenant {tenant}); unmount it first with `tenantfs umount {path}`")]
+    AlreadyMounted { path: PathBuf, tenant: String },
+    #[error("nothing is mounted at {0}")]
+    NotMounted(PathBuf),
+    #[error("{path} is a {fstype} mount, not a tenantfs mount; use umount(8) for it")]
+    NotTenantfs { path: PathBuf, fstype: String },
+    #[error("{0} is busy: a process still uses files under it (see `fuser -vm {0}`); stop it and try again")]
+    Busy(PathBuf),
+    #[error("unknown mount option {0:?}: use cache=direct, cache=kernel, ro or rw")]
+    BadOption(String),
+    #[error("cannot mount at {path}: {source}")]
+    Mount { path: PathBuf, source: io::Error },
+    #[error("cannot unmount {path}: {source}")]
+    Unmount { path: PathBuf, source: io::Error },
+}
+
+/// Options of one mount (`-o` on the command line).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountOptions {
+    pub cache: CacheMode,
+    pub read_only: bool,
+}
+
+impl MountOptions {
+    /// Parses a comma-separated option list such as `cache=kernel,ro`. Options mount(8) passes
+    /// along that do not change this filesystem (rw, dev, suid, exec, ...) are accepted.
+    pub fn parse(list: &str) -> Result<Self, MountError> {
+        let mut o = Self::default();
+        for opt in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match opt {
+                "cache=direct" => o.cache = CacheMode::Direct,
+                "cache=kernel" => o.cache = CacheMode::Kernel,
+                "ro" => o.read_only = true,
+                "rw" => o.read_only = false,
+                "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "atime" | "noatime"
+                | "relatime" | "auto" | "noauto" | "nofail" | "defaults" | "_netdev" => {}
+                other => return Err(MountError::BadOption(other.to_owned())),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// One line of /proc/self/mountinfo.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MountEntry {
+    pub mountpoint: PathBuf,
+    pub fstype: String,
+    pub source: String,
+}
+
+impl MountEntry {
+    /// The tenant served at this mount, if it is a tenantfs mount.
+    pub fn tenant(&self) -> Option<&str> {
+        // fuser mounts with type "fuse" (the subtype shows only through fusermount).
+        (self.fstype == FS_TYPE || self.fstype == "fuse")
+            .then(|| self.source.strip_prefix(SOURCE_PREFIX))
+            .flatten()
+    }
+}
+
+fn unescape(field: &str) -> String {
+    // mountinfo escapes space, tab, newline and backslash as \ooo (octal).
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\' && i + 4 <= b.len() {
+            if let Ok(v) = u8::from_str_radix(&field[i + 1..i + 4], 8) {
+                out.push(v);
+                i += 4;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Parses mountinfo text.
+pub fn parse_mountinfo(text: &str) -> Vec<MountEntry> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let mountpoint = unescape(left.split(' ').nth(4)?);
+            let mut r = right.split(' ');
+            let fstype = r.next()?.to_owned();
+            let source = unescape(r.next()?);
+            Some(MountEntry {
+                mountpoint: PathBuf::from(mountpoint),
+                fstype,
+                source,
+            })
+        })
+        .collect()
+}
+
+/// The mount at exactly `path` (the last one, if stacked).
+pub fn find_mount(path: &Path) -> io::Result<Option<MountEntry>> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let want = absolute(path);
+    Ok(parse_mountinfo(&text)
+        .into_iter()
+        .rev()
+        .find(|m| m.mountpoint == want))
+}
+
+/// `path` made absolute and free of `.`/`..` and trailing slashes, without touching the
+/// filesystem (a dead FUSE mountpoint cannot be canonicalised).
+fn absolute(path: &Path) -> PathBuf {
+    let base = if path.is_absolute() {
+        PathBuf::new()
+    } else {
+        std::env::current_dir().unwrap_or_default()
+    };
+    let mut out = PathBuf::from("/");
+    for c in base.join(path).components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::Normal(n) => out.push(n),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether a mountpoint answers (a killed FUSE server leaves ENOTCONN behind).
+fn is_dead(path: &Path) -> bool {
+    matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+}
+
+/// Checks that `path` can take a new mount, detaching a dead tenantfs mount left there.
+pub fn prepare_mountpoint(path: &Path) -> Result<(), MountError> {
+    if let Some(m) = find_mount(path).ok().flatten() {
+        if let Some(tenant) = m.tenant() {
+            if is_dead(path) {
+                tracing::warn!(path = %path.display(), tenant, "detaching a dead mount left by a killed server");
+                nix::mount::umount2(&absolute(path), nix::mount::MntFlags::MNT_DETACH).map_err(
+                    |e| MountError::Unmount {
+                        path: path.to_owned(),
+                        source: e.into(),
+                    },
+                )?;
+            } else {
+                return Err(MountError::AlreadyMounted {
+                    path: path.to_owned(),
+                    tenant: tenant.to_owned(),
+                });
+            }
+        }
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(MountError::NotADirectory(path.to_owned())),
+        Err(_) => Err(MountError::NoMountpoint(path.to_owned())),
+    }
+}
+
+/// Mounts `volume` at `mountpoint`, calls `ready` once the kernel has completed the FUSE
+/// handshake, and serves until unmounted or until SIGTERM/SIGINT. The store is synced when the
+/// volume drops.
+pub fn serve(
+    volume: Volume,
+    mountpoint: &Path,
+    options: &MountOptions,
+    ready: impl FnOnce(),
+) -> Result<(), MountError> {
+    prepare_mountpoint(mountpoint)?;
+    let tenant = volume.tenant().info().name.clone();
+    let fs = TenantFs::new(volume, options.cache);
+    let mut cfg = Config::default();
+    cfg.mount_options = vec![
+        MountOption::FSName(format!("{SOURCE_PREFIX}{tenant}")),
+        MountOption::Subtype("tenantfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::Dev,
+        MountOption::Suid,
+        if options.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
+    ];
+    // The tenant's processes are not the daemon's user; the kernel checks permissions.
+    cfg.acl = SessionACL::All;
+    cfg.n_threads = Some(FUSE_THREADS);
+    cfg.clone_fd = true;
+
+    // Signals are taken by one thread with sigwait; block them before fuser starts threads.
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    let _ = signals.thread_block();
+
+    let mount_err = |source| MountError::Mount {
+        path: mountpoint.to_owned(),
+        source,
+    };
+    let mut session = fuser::Session::new(fs, mountpoint, &cfg).map_err(mount_err)?;
+    let mut unmounter = session.unmount_callable();
+    let path = mountpoint.to_owned();
+    std::thread::Builder::new()
+        .name("tenantfs-signals".into())
+        .spawn(move || loop {
+            match signals.wait() {
+                Ok(Signal::SIGHUP) => continue,
+                Ok(sig) => {
+                    tracing::info!(?sig, path = %path.display(), "unmounting on signal");
+                    if let Err(e) = unmounter.unmount() {
+                        tracing::error!(error = %e, "unmount on signal failed");
+                    }
+                    return;
+                }
+                Err(_) => return,
+            }
+        })
+        .map_err(mount_err)?;
+    tracing::info!(tenant, path = %mountpoint.display(), "mounted");
+    ready();
+    session.run().map_err(mount_err)?;
+    tracing::info!(tenant, path = %mountpoint.display(), "unmounted");
+    Ok(())
+}
+
+/// Unmounts the tenantfs mount at `path`; returns the tenant that was mounted there.
+pub fn unmount(path: &Path) -> Result<String, MountError> {
+    let entry = find_mount(path)
+        .map_err(|source| MountError::Unmount {
+            path: path.to_owned(),
+            source,
+        })?
+        .ok_or_else(|| MountError::NotMounted(path.to_owned()))?;
+    let tenant = entry
+        .tenant()
+        .ok_or_else(|| MountError::NotTenantfs {
+            path: path.to_owned(),
+            fstype: entry.fstype.clone(),
+        })?
+        .to_owned();
+    let target = std::ffi::CString::new(entry.mountpoint.as_os_str().as_bytes()).map_err(|e| {
+        MountError::Unmount {
+            path: path.to_owned(),
+            source: io::Error::other(e),
+        }
+    })?;
+    let flags = if is_dead(path) {
+        nix::mount::MntFlags::MNT_DETACH
+    } else {
+        nix::mount::MntFlags::empty()
+    };
+    match nix::mount::umount2(target.as_c_str(), flags) {
+        Ok(()) => Ok(tenant),
+        Err(nix::errno::Errno::EBUSY) => Err(MountError::Busy(path.to_owned())),
+        Err(nix::errno::Errno::EPERM) => {
+            // Not root: the setuid helper can unmount what this user mounted.
+            let out = std::process::Command::new("fusermount3")
+                .arg("-u")
+                .arg(&entry.mountpoint)
+                .output()
+                .map_err(|source| MountError::Unmount {
+                    path: path.to_owned(),
+                    source,
+                })?;
+            if out.status.success() {
+                Ok(tenant)
+            } else {
+                Err(MountError::Unmount {
+                    path: path.to_owned(),
+                    source: io::Error::other(
+                        String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+                    ),
+                })
+            }
+        }
+        Err(e) => Err(MountError::Unmount {
+            path: path.to_owned(),
+            source: e.into(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_parsing() {
+        let text = "36 35 98:0 / /mnt1 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n\
+                    80 36 0:50 / /tmp/with\\040space rw,nosuid,nodev shared:2 - fuse.tenantfs tenantfs:alpha rw,user_id=0\n";
+        let m = parse_mountinfo(text);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[1].mountpoint, PathBuf::from("/tmp/with space"));
+        assert_eq!(m[1].tenant(), Some("alpha"));
+        assert_eq!(m[0].tenant(), None);
+        assert_eq!(m[0].fstype, "ext3");
+    }
+
+    #[test]
+    fn options() {
+        assert_eq!(MountOptions::parse("").unwrap(), MountOptions::default());
+        let o = MountOptions::parse("cache=kernel,ro,noatime").unwrap();
+        assert_eq!(o.cache, CacheMode::Kernel);
+        assert!(o.read_only);
+        assert!(MountOptions::parse("cache=bogus").is_err());
+    }
+
+    #[test]
+    fn absolute_paths() {
+        assert_eq!(absolute(Path::new("/a/b/../c/")), PathBuf::from("/a/c"));
+    }
+}

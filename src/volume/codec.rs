@@ -1,0 +1,205 @@
+//! How the filesystem model is laid out in a tenant store's column families.
+//!
+//! ```text
+//! inodes   ino (u64 BE)                      -> Attr record (below)
+//! dirents  parent ino (u64 BE) ‖ name bytes  -> child ino (u64 BE) ‖ kind (u8)
+//! extents  ino (u64 BE) ‖ block index (u64 BE) -> tag (u8) ‖ payload
+//!            tag 0: private bytes (<= block size; the rest of the block reads as zeros)
+//!            tag 1: reference to a base block (32-byte BLAKE3 hash)  [base images]
+//!          absent: a hole (reads as zeros)
+//! meta     "volume"                          -> format version (u32 BE) ‖ block size (u32 BE)
+//!          "O" ‖ ino                         -> (empty) orphan: nlink 0, still open
+//!          "X" ‖ ino ‖ name                  -> xattr value
+//! ```
+//!
+//! Big-endian integers keep keys of one inode together and in block order, so a file's extents
+//! and a directory's entries are one range scan.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::{Attr, FileKind};
+
+pub(crate) const VOLUME_KEY: &[u8] = b"volume";
+pub(crate) const FORMAT_VERSION: u32 = 1;
+const ATTR_VERSION: u8 = 1;
+const ATTR_FIXED: usize = 84;
+
+pub(crate) const EXTENT_PRIVATE: u8 = 0;
+
+pub(crate) fn ino_key(ino: u64) -> [u8; 8] {
+    ino.to_be_bytes()
+}
+
+pub(crate) fn dirent_key(parent: u64, name: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + name.len());
+    k.extend_from_slice(&parent.to_be_bytes());
+    k.extend_from_slice(name);
+    k
+}
+
+/// `[start, end)` of every dirent key of `parent`.
+pub(crate) fn dirent_range(parent: u64) -> ([u8; 8], [u8; 8]) {
+    (parent.to_be_bytes(), (parent + 1).to_be_bytes())
+}
+
+pub(crate) fn dirent_value(child: u64, kind: FileKind) -> [u8; 9] {
+    let mut v = [0u8; 9];
+    v[..8].copy_from_slice(&child.to_be_bytes());
+    v[8] = kind as u8;
+    v
+}
+
+pub(crate) fn decode_dirent(v: &[u8]) -> Option<(u64, FileKind)> {
+    if v.len() != 9 {
+        return None;
+    }
+    Some((
+        u64::from_be_bytes(v[..8].try_into().ok()?),
+        FileKind::from_u8(v[8])?,
+    ))
+}
+
+pub(crate) fn extent_key(ino: u64, block: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&ino.to_be_bytes());
+    k[8..].copy_from_slice(&block.to_be_bytes());
+    k
+}
+
+pub(crate) fn decode_extent_block(k: &[u8]) -> u64 {
+    u64::from_be_bytes(k[8..16].try_into().expect("extent keys are 16 bytes"))
+}
+
+pub(crate) fn orphan_key(ino: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = b'O';
+    k[1..].copy_from_slice(&ino.to_be_bytes());
+    k
+}
+
+pub(crate) fn xattr_prefix(ino: u64) -> [u8; 9] {
+    let mut k = [0u8; 9];
+    k[0] = b'X';
+    k[1..].copy_from_slice(&ino.to_be_bytes());
+    k
+}
+
+pub(crate) fn xattr_key(ino: u64, name: &[u8]) -> Vec<u8> {
+    let mut k = xattr_prefix(ino).to_vec();
+    k.extend_from_slice(name);
+    k
+}
+
+fn put_time(out: &mut Vec<u8>, t: SystemTime) {
+    let (secs, nanos) = match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => (d.as_secs() as i64, d.subsec_nanos()),
+        Err(e) => {
+            let d = e.duration();
+            if d.subsec_nanos() == 0 {
+                (-(d.as_secs() as i64), 0)
+            } else {
+                (-(d.as_secs() as i64) - 1, 1_000_000_000 - d.subsec_nanos())
+            }
+        }
+    };
+    out.extend_from_slice(&secs.to_be_bytes());
+    out.extend_from_slice(&nanos.to_be_bytes());
+}
+
+fn get_time(b: &[u8]) -> SystemTime {
+    let secs = i64::from_be_bytes(b[..8].try_into().unwrap());
+    let nanos = u32::from_be_bytes(b[8..12].try_into().unwrap()).min(999_999_999);
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::new(secs as u64, nanos)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs()) + Duration::from_nanos(nanos.into())
+    }
+}
+
+pub(crate) fn encode_attr(a: &Attr, symlink_target: Option<&[u8]>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ATTR_FIXED + symlink_target.map_or(0, <[u8]>::len));
+    out.push(ATTR_VERSION);
+    out.push(a.kind as u8);
+    out.extend_from_slice(&a.perm.to_be_bytes());
+    out.extend_from_slice(&a.uid.to_be_bytes());
+    out.extend_from_slice(&a.gid.to_be_bytes());
+    out.extend_from_slice(&a.nlink.to_be_bytes());
+    out.extend_from_slice(&a.size.to_be_bytes());
+    out.extend_from_slice(&a.rdev.to_be_bytes());
+    out.extend_from_slice(&a.parent.to_be_bytes());
+    for t in [a.atime, a.mtime, a.ctime, a.crtime] {
+        put_time(&mut out, t);
+    }
+    debug_assert_eq!(out.len(), ATTR_FIXED);
+    if let Some(t) = symlink_target {
+        out.extend_from_slice(t);
+    }
+    out
+}
+
+/// Decodes an inode record: its attributes and, for symlinks, the target.
+pub(crate) fn decode_attr(ino: u64, b: &[u8]) -> Option<(Attr, &[u8])> {
+    if b.len() < ATTR_FIXED || b[0] != ATTR_VERSION {
+        return None;
+    }
+    let u32_at = |i: usize| u32::from_be_bytes(b[i..i + 4].try_into().unwrap());
+    let u64_at = |i: usize| u64::from_be_bytes(b[i..i + 8].try_into().unwrap());
+    let attr = Attr {
+        ino,
+        kind: FileKind::from_u8(b[1])?,
+        perm: u16::from_be_bytes([b[2], b[3]]),
+        uid: u32_at(4),
+        gid: u32_at(8),
+        nlink: u32_at(12),
+        size: u64_at(16),
+        rdev: u32_at(24),
+        parent: u64_at(28),
+        atime: get_time(&b[36..48]),
+        mtime: get_time(&b[48..60]),
+        ctime: get_time(&b[60..72]),
+        crtime: get_time(&b[72..84]),
+        blocks: 0,
+    };
+    Some((attr, &b[ATTR_FIXED..]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attr_round_trip() {
+        let t = UNIX_EPOCH + Duration::new(1_700_000_000, 123_456_789);
+        let before = UNIX_EPOCH - Duration::new(5, 250_000_000);
+        let a = Attr {
+            ino: 42,
+            kind: FileKind::Symlink,
+            perm: 0o4755,
+            uid: 1000,
+            gid: 100,
+            nlink: 3,
+            size: u64::MAX - 1,
+            rdev: 7,
+            parent: 9,
+            atime: t,
+            mtime: before,
+            ctime: UNIX_EPOCH,
+            crtime: t,
+            blocks: 0,
+        };
+        let enc = encode_attr(&a, Some(b"/target"));
+        let (b, target) = decode_attr(42, &enc).unwrap();
+        assert_eq!(b, a);
+        assert_eq!(target, b"/target");
+        assert!(decode_attr(1, &enc[..20]).is_none());
+    }
+
+    #[test]
+    fn keys_sort_by_inode_then_block() {
+        assert!(extent_key(1, u64::MAX) < extent_key(2, 0));
+        assert!(extent_key(1, 255) < extent_key(1, 256));
+        let (s, e) = dirent_range(5);
+        assert!(dirent_key(5, b"\xff\xff").as_slice() < &e[..]);
+        assert!(dirent_key(5, b"").as_slice() >= &s[..]);
+    }
+}
