@@ -8,7 +8,7 @@ CARGO ?= cargo
 # util-linux: losetup, fincore; e2fsprogs: mkfs.ext4/fsck for block-device-style volumes.
 DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux e2fsprogs
 
-.PHONY: all deps build demo test lint bench asan clean
+.PHONY: all deps build demo test lint bench clean
 
 all: build
 
@@ -42,6 +42,7 @@ bench: build
 	$(CARGO) run --release --example bench_ctr
 	$(CARGO) run --release --example bench_encrypted_reads
 	$(CARGO) run --release --example bench_cache_regimes
+	$(CARGO) run --release --example bench_fuse_fio
 
 clean:
 	$(CARGO) clean

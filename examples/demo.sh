@@ -1,24 +1,51 @@
 #!/usr/bin/env bash
-# `make demo`: create a data dir and a tenant, write and read through the encrypted store, and
-# show what is at rest. Runs on a throwaway data dir; nothing outside it is touched.
+# `make demo`: create a data dir and a tenant, mount its filesystem, use it, show what is at
+# rest (encrypted), unmount. Runs on a throwaway data dir; nothing outside it is touched.
 set -euo pipefail
 BIN=${CARGO_TARGET_DIR:-/var/tmp/tenantfs-target}/release
-DATA=$(mktemp -d /var/tmp/tenantfs-demo.XXXXXX)
-trap 'rm -rf "$DATA"' EXIT
+WORK=$(mktemp -d /var/tmp/tenantfs-demo.XXXXXX)
+DATA=$WORK/data
+MNT=$WORK/mnt
+mkdir -p "$MNT"
+cleanup() {
+  mountpoint -q "$MNT" 2>/dev/null && "$BIN/tenantfs" --data-dir "$DATA" umount "$MNT" >/dev/null 2>&1
+  mountpoint -q "$MNT" 2>/dev/null && umount -l "$MNT"
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
 tfs() { echo "+ tenantfs $*"; "$BIN/tenantfs" --data-dir "$DATA" --config /dev/null "$@"; }
+say() { echo; echo "== $* =="; }
 
 tfs init
 tfs tenant create demo
-"$BIN/examples/store_demo" "$DATA" demo
-tfs tenant list
-echo
-echo "== at rest under $DATA =="
-find "$DATA" -type f -printf '%M %10s  %P\n' | sort -k3
-echo
+tfs mount demo "$MNT"
+say "using the tenant's filesystem at $MNT"
+mkdir -p "$MNT/docs"
+for i in $(seq 1 200); do echo "hello from tenant demo, note $i" > "$MNT/docs/note-$i.txt"; done
+cp -a /etc/os-release "$MNT/docs/"
+dd if=/dev/urandom of="$MNT/blob.bin" bs=1M count=8 status=none
+ln -s docs/note-1.txt "$MNT/latest"
+sha_in=$(sha256sum "$MNT/blob.bin" | cut -d' ' -f1)
+ls -la "$MNT" | sed 's/^/  /'
+echo "  $(ls "$MNT/docs" | wc -l) files in docs/; latest -> $(readlink "$MNT/latest"): $(cat "$MNT/latest")"
+df -h "$MNT" | sed 's/^/  /'
+tfs umount "$MNT"
+
+say "remounted: data survives"
+tfs mount demo "$MNT"
+sha_out=$(sha256sum "$MNT/blob.bin" | cut -d' ' -f1)
+echo "  blob.bin sha256 before: $sha_in"
+echo "  blob.bin sha256 after:  $sha_out"
+[ "$sha_in" = "$sha_out" ] && echo "  identical"
+tfs umount "$MNT"
+
+say "at rest under $DATA (encrypted RocksDB files)"
+find "$DATA" -type f -printf '  %M %10s  %P\n' | sort -k3
 hits=$(grep -rlF "hello from tenant" "$DATA" | wc -l || true)
-echo "files containing the plaintext 'hello from tenant': $hits"
+echo "  files containing the plaintext 'hello from tenant': $hits"
 sst=$(find "$DATA" -name '*.sst' | head -n1)
-echo "first bytes of $(basename "$sst") (header magic, then sealed file key):"
-head -c 48 "$sst" | od -A d -t x1z | head -n 3
+echo "  first bytes of $(basename "$sst"): header magic, then the sealed per-file key:"
+head -c 48 "$sst" | od -A d -t x1z | head -n 3 | sed 's/^/  /'
 echo
+tfs tenant list
 tfs tenant delete demo

@@ -162,7 +162,9 @@ impl TenantFs {
 impl Filesystem for TenantFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
-        let wanted = InitFlags::FUSE_PARALLEL_DIROPS | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP;
+        let wanted = InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
+            | InitFlags::FUSE_ASYNC_DIO;
         let supported = config.capabilities() & wanted;
         if let Err(missing) = config.add_capabilities(supported) {
             tracing::warn!(?missing, "kernel refused FUSE capabilities");
