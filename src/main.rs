@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use tenantfs::config::{ByteSize, Config};
 use tenantfs::data_dir::DataDir;
-use tenantfs::fuse::{prepare_mountpoint, serve, MountOptions};
+use tenantfs::fuse::{block_shutdown_signals, prepare_mountpoint, serve, MountOptions};
 use tenantfs::tenants;
 use tenantfs::volume::Volume;
 
@@ -141,6 +141,9 @@ fn mount_foreground(
     mountpoint: &Path,
     options: &MountOptions,
 ) -> Result<()> {
+    // Before any thread starts (the store's background threads): SIGTERM/SIGINT must reach only
+    // the thread `serve` waits for them on, or they kill the process and leave a dead mount.
+    block_shutdown_signals();
     // Check everything that can fail before opening the store, so nothing is touched.
     prepare_mountpoint(mountpoint)?;
     let config = Config::load(cli.config.as_deref())?;

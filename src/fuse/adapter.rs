@@ -78,6 +78,15 @@ fn kind_from_mode(mode: u32) -> Option<FileKind> {
     })
 }
 
+/// POSIX ACLs are not supported: without FUSE_POSIX_ACL the kernel hands their xattrs to the
+/// daemon, and storing them as plain values would report success while changing neither the
+/// mode nor any permission check (`cp -a` sets a directory's mode through
+/// system.posix_acl_access and would leave it at 0700). EOPNOTSUPP makes tools fall back to
+/// chmod, as on any filesystem mounted without ACLs.
+fn is_acl_xattr(name: &OsStr) -> bool {
+    name.as_bytes().starts_with(b"system.posix_acl_")
+}
+
 fn time(t: TimeOrNow) -> SystemTime {
     match t {
         TimeOrNow::SpecificTime(t) => t,
@@ -595,6 +604,9 @@ impl Filesystem for TenantFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        if is_acl_xattr(name) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
         let mode = match flags {
             0 => XattrMode::Any,
             libc::XATTR_CREATE => XattrMode::Create,
@@ -608,14 +620,27 @@ impl Filesystem for TenantFs {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        if is_acl_xattr(name) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
         Self::xattr_reply(reply, size, self.volume.getxattr(ino.0, name.as_bytes()));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        Self::xattr_reply(reply, size, self.volume.listxattr(ino.0));
+        let names = self.volume.listxattr(ino.0).map(|list| {
+            list.split_inclusive(|&b| b == 0)
+                .filter(|n| !is_acl_xattr(OsStr::from_bytes(n.strip_suffix(&[0]).unwrap_or(n))))
+                .flatten()
+                .copied()
+                .collect()
+        });
+        Self::xattr_reply(reply, size, names);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        if is_acl_xattr(name) {
+            return reply.error(Errno::EOPNOTSUPP);
+        }
         Self::empty(reply, self.volume.removexattr(ino.0, name.as_bytes()));
     }
 

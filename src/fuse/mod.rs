@@ -6,6 +6,6 @@ mod mount;
 
 pub use adapter::{CacheMode, TenantFs};
 pub use mount::{
-    find_mount, parse_mountinfo, prepare_mountpoint, serve, unmount, MountEntry, MountError,
-    MountOptions, FS_TYPE,
+    block_shutdown_signals, find_mount, parse_mountinfo, prepare_mountpoint, serve, unmount,
+    MountEntry, MountError, MountOptions, FS_TYPE,
 };

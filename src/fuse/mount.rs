@@ -188,9 +188,28 @@ pub fn prepare_mountpoint(path: &Path) -> Result<(), MountError> {
     }
 }
 
+/// The signals that make `serve` unmount (SIGHUP is taken and ignored).
+fn shutdown_signals() -> SigSet {
+    let mut signals = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        signals.add(s);
+    }
+    signals
+}
+
+/// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and so in every thread it starts
+/// afterwards. Call it before opening the store: a process-directed signal goes to any thread
+/// that does not block it, and one of RocksDB's background threads taking SIGTERM or SIGINT
+/// would kill the server and leave a dead mount instead of a clean unmount. `serve` waits for
+/// them on a thread of its own.
+pub fn block_shutdown_signals() {
+    let _ = shutdown_signals().thread_block();
+}
+
 /// Mounts `volume` at `mountpoint`, calls `ready` once the kernel has completed the FUSE
 /// handshake, and serves until unmounted or until SIGTERM/SIGINT. The store is synced when the
-/// volume drops.
+/// volume drops. Threads started before this call must block those signals (see
+/// [`block_shutdown_signals`]).
 pub fn serve(
     volume: Volume,
     mountpoint: &Path,
@@ -219,11 +238,8 @@ pub fn serve(
     cfg.clone_fd = true;
 
     // Signals are taken by one thread with sigwait; block them before fuser starts threads.
-    let mut signals = SigSet::empty();
-    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
-        signals.add(s);
-    }
-    let _ = signals.thread_block();
+    let signals = shutdown_signals();
+    block_shutdown_signals();
 
     let mount_err = |source| MountError::Mount {
         path: mountpoint.to_owned(),
@@ -234,17 +250,31 @@ pub fn serve(
     let path = mountpoint.to_owned();
     std::thread::Builder::new()
         .name("tenantfs-signals".into())
-        .spawn(move || loop {
-            match signals.wait() {
-                Ok(Signal::SIGHUP) => continue,
-                Ok(sig) => {
-                    tracing::info!(?sig, path = %path.display(), "unmounting on signal");
-                    if let Err(e) = unmounter.unmount() {
-                        tracing::error!(error = %e, "unmount on signal failed");
+        .spawn(move || {
+            let mut first = true;
+            loop {
+                match signals.wait() {
+                    Ok(Signal::SIGHUP) => continue,
+                    Ok(sig) => {
+                        tracing::info!(?sig, path = %path.display(), "unmounting on signal");
+                        // fuser's unmounter works once; a retry (after a busy mount) unmounts
+                        // by path like `tenantfs umount` does.
+                        let result = if first {
+                            unmounter.unmount().map_err(|e| e.to_string())
+                        } else {
+                            unmount(&path).map(drop).map_err(|e| e.to_string())
+                        };
+                        first = false;
+                        match result {
+                            Ok(()) => return,
+                            Err(e) => tracing::error!(
+                                error = %e,
+                                "unmount on signal failed; send the signal again once the mount is idle"
+                            ),
+                        }
                     }
-                    return;
+                    Err(_) => return,
                 }
-                Err(_) => return,
             }
         })
         .map_err(mount_err)?;

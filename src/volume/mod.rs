@@ -551,9 +551,11 @@ impl Volume {
             return Err(VolumeError::NameTooLong);
         }
         let _ns = self.lock_namespace();
-        let mut pattr = self.dir_attr(parent)?;
+        self.dir_attr(parent)?;
         let (child, kind) = self.find(parent, name)?.ok_or(VolumeError::NotFound)?;
         let _g = self.inodes.lock_many(&[parent, child]);
+        // Read under the lock: a setattr on the parent meanwhile must not be overwritten.
+        let mut pattr = self.dir_attr(parent)?;
         match (dir, kind == FileKind::Dir) {
             (false, true) => return Err(VolumeError::IsDir),
             (true, false) => return Err(VolumeError::NotDir),
@@ -580,15 +582,19 @@ impl Volume {
         let _ns = self.lock_namespace();
         let _g = self.inodes.lock_many(&[ino, newparent]);
         let mut pattr = self.dir_attr(newparent)?;
+        if pattr.nlink == 0 {
+            return Err(VolumeError::NotFound); // a removed directory takes no new entries
+        }
+        // Linux's order: an existing target first, then what is wrong with the source.
+        if self.find(newparent, newname)?.is_some() {
+            return Err(VolumeError::Exists);
+        }
         let (mut attr, target) = self.load(ino)?;
         if attr.kind == FileKind::Dir {
             return Err(VolumeError::NotPermitted);
         }
         if attr.nlink == 0 {
             return Err(VolumeError::NotFound);
-        }
-        if self.find(newparent, newname)?.is_some() {
-            return Err(VolumeError::Exists);
         }
         let t = now();
         attr.nlink += 1;
@@ -642,7 +648,9 @@ impl Volume {
                 Err(e) => e,
                 Ok(_) => VolumeError::NotFound,
             })?;
-        self.dir_attr(newparent)?;
+        if self.dir_attr(newparent)?.nlink == 0 {
+            return Err(VolumeError::NotFound); // a removed directory takes no new entries
+        }
         let dst = self.find(newparent, newname)?;
         if mode == RenameMode::NoReplace && dst.is_some() {
             return Err(VolumeError::Exists);
@@ -659,9 +667,14 @@ impl Volume {
         if skind == FileKind::Dir && parent != newparent && self.is_within(newparent, src)? {
             return Err(VolumeError::Invalid);
         }
-        if let (RenameMode::Exchange, Some((d, FileKind::Dir))) = (mode, dst) {
+        // Nor can the target be an ancestor of the source: Linux says ENOTEMPTY (EINVAL for
+        // exchange) before looking at the source's type.
+        if let Some((d, FileKind::Dir)) = dst {
             if parent != newparent && self.is_within(parent, d)? {
-                return Err(VolumeError::Invalid);
+                return Err(match mode {
+                    RenameMode::Exchange => VolumeError::Invalid,
+                    _ => VolumeError::NotEmpty,
+                });
             }
         }
         let mut involved = vec![parent, newparent, src];
@@ -921,8 +934,8 @@ impl Volume {
             FileKind::Dir => return Err(VolumeError::IsDir),
             _ => return Err(VolumeError::Invalid),
         }
-        if offset >= attr.size {
-            return Ok(Vec::new());
+        if offset >= attr.size || size == 0 {
+            return Ok(Vec::new()); // (an empty range: `end - 1` below would underflow)
         }
         let end = (offset + u64::from(size)).min(attr.size);
         let mut out = vec![0u8; (end - offset) as usize];
@@ -967,6 +980,9 @@ impl Volume {
             FileKind::File => {}
             FileKind::Dir => return Err(VolumeError::IsDir),
             _ => return Err(VolumeError::Invalid),
+        }
+        if data.is_empty() {
+            return Ok(0); // writes nothing, and does not move the end of file either
         }
         let bs = self.block_size;
         let mut b = self.db().batch();
