@@ -4,6 +4,7 @@
 CARGO_TARGET_DIR ?= /var/tmp/tenantfs-target
 export CARGO_TARGET_DIR
 CARGO ?= cargo
+SHELL := /bin/bash
 # clang/libclang-dev: bindgen for librocksdb-sys; fuse3: FUSE mounts; fio: benchmarks;
 # util-linux: losetup, fincore; e2fsprogs: mkfs.ext4/fsck for block-device-style volumes.
 DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux e2fsprogs
@@ -31,8 +32,11 @@ demo: build
 	bash examples/demo.sh
 
 # One optimised profile for everything: RocksDB's C++ build is shared with `make build`.
+# Examples are compiled (and linted) by `make lint`; they hold benchmarks, not tests.
+# The last line sums every test binary's result.
 test: deps
-	$(CARGO) test --release --all-targets
+	@set -o pipefail; $(CARGO) test --release --lib --bins --tests 2>&1 | tee $(CARGO_TARGET_DIR)/test.log
+	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "all tests: %d passed, %d failed\n", p, f }' $(CARGO_TARGET_DIR)/test.log
 
 lint: deps
 	$(CARGO) fmt --check
