@@ -901,11 +901,12 @@ impl Volume {
         let first_full = offset.div_ceil(bs);
         let end_full = end / bs;
         if first_full < end_full {
-            b.delete_range(
+            self.delete_keys(
+                b,
                 Family::Extents,
                 &extent_key(ino, first_full),
                 &extent_key(ino, end_full),
-            );
+            )?;
         }
         // Edge blocks: the block holding `offset` (if it starts mid-block) and the one holding
         // `end` (if it ends mid-block).
@@ -944,10 +945,18 @@ impl Volume {
         let last = (end - 1) / bs;
         let mut block = vec![0u8; bs as usize];
         let mut err = None;
-        self.db().range(
+        // Large reads (sequential I/O) fetch their whole span from the SSTs at once.
+        let span = ((last - first + 1) * bs) as usize;
+        let readahead = if span >= 64 << 10 {
+            span.min(4 << 20)
+        } else {
+            0
+        };
+        self.db().range_with_readahead(
             Family::Extents,
             &extent_key(ino, first),
             &extent_key(ino, last + 1),
+            readahead,
             |k, v| {
                 let index = decode_extent_block(k);
                 if let Err(e) = self.decode_block_into(ino, v, &mut block) {
@@ -1206,15 +1215,48 @@ impl Volume {
         }
     }
 
+    /// Deletes the keys in `[start, end)` of `family` in batch `b`: point deletes when there
+    /// are few (the common case: small files, no xattrs), one range tombstone otherwise. Range
+    /// tombstones are cheap to write but every later read in their range pays for them, so
+    /// thousands of small files created and removed must not leave thousands of them behind.
+    fn delete_keys(
+        &self,
+        b: &mut crate::store::Batch<'_>,
+        family: Family,
+        start: &[u8],
+        end: &[u8],
+    ) -> Result<()> {
+        const POINT_DELETES_MAX: usize = 256;
+        let mut keys = Vec::new();
+        self.db().range(family, start, end, |k, _| {
+            keys.push(k.to_vec());
+            keys.len() <= POINT_DELETES_MAX
+        })?;
+        if keys.len() > POINT_DELETES_MAX {
+            b.delete_range(family, start, end);
+        } else {
+            for k in keys {
+                b.delete(family, &k);
+            }
+        }
+        Ok(())
+    }
+
     fn purge(&self, ino: u64) -> Result<()> {
         let mut b = self.db().batch();
         b.delete(Family::Inodes, &ino_key(ino));
-        b.delete_range(
+        self.delete_keys(
+            &mut b,
             Family::Extents,
             &extent_key(ino, 0),
             &extent_key(ino + 1, 0),
-        );
-        b.delete_range(Family::Meta, &xattr_prefix(ino), &xattr_prefix(ino + 1));
+        )?;
+        self.delete_keys(
+            &mut b,
+            Family::Meta,
+            &xattr_prefix(ino),
+            &xattr_prefix(ino + 1),
+        )?;
         b.delete(Family::Meta, &orphan_key(ino));
         self.db().write(b)?;
         Ok(())
