@@ -6,8 +6,9 @@ export CARGO_TARGET_DIR
 CARGO ?= cargo
 SHELL := /bin/bash
 # clang/libclang-dev: bindgen for librocksdb-sys; fuse3: FUSE mounts; fio: benchmarks;
-# util-linux: losetup, fincore; e2fsprogs: mkfs.ext4/fsck for block-device-style volumes.
-DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux e2fsprogs
+# util-linux/mount: losetup, fincore, setpriv, fstrim; e2fsprogs: mkfs.ext4/fsck for
+# block-device-style volumes; git, python3: used by the mount integration tests.
+DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux mount e2fsprogs git python3
 
 .PHONY: all deps build demo test lint bench clean
 

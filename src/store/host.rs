@@ -125,7 +125,19 @@ impl StoreHost {
         table.set_bloom_filter(10.0, false);
         table.set_format_version(6);
         opts.set_block_based_table_factory(&table);
+        // No compression in L0 and L1: they are rewritten soonest (flush, first compaction),
+        // and compressing there costs the write path most (file data is often incompressible).
+        // Deeper levels, where data settles, use LZ4 (before encryption, so it still works).
         opts.set_compression_type(DBCompressionType::Lz4);
+        opts.set_compression_per_level(&[
+            DBCompressionType::None,
+            DBCompressionType::None,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+            DBCompressionType::Lz4,
+        ]);
         opts.set_write_buffer_manager(&self.write_buffers);
         opts.set_max_background_jobs(2);
         opts.set_bytes_per_sync(1 << 20);

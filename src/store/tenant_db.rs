@@ -140,6 +140,30 @@ impl TenantDb {
             .map_err(|e| StoreError::from_rocksdb(&self.tenant, "read", e))
     }
 
+    /// Point lookups of several keys (sorted ascending) in one batched call: each key uses the
+    /// bloom filters, unlike an iterator, which must visit every overlapping file. `f` gets each
+    /// key's index and value, for the keys that exist.
+    pub fn multi_get(
+        &self,
+        family: Family,
+        sorted_keys: &[impl AsRef<[u8]>],
+        mut f: impl FnMut(usize, &[u8]),
+    ) -> Result<(), StoreError> {
+        let results = self.db.batched_multi_get_cf(
+            self.cf(family),
+            sorted_keys.iter().map(AsRef::as_ref),
+            true,
+        );
+        for (i, r) in results.into_iter().enumerate() {
+            match r {
+                Ok(Some(v)) => f(i, &v),
+                Ok(None) => {}
+                Err(e) => return Err(StoreError::from_rocksdb(&self.tenant, "read", e)),
+            }
+        }
+        Ok(())
+    }
+
     pub fn put(&self, family: Family, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         let mut batch = self.batch();
         batch.put(family, key, value);
