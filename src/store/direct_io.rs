@@ -29,7 +29,7 @@ fn probe_file(path: &Path) -> Result<(), std::io::Error> {
         .truncate(true)
         .custom_flags(libc::O_DIRECT)
         .open(path)?;
-    // An aligned block carved out of an ordinary allocation: no unsafe allocator calls needed.
+    // An aligned block carved out of an ordinary allocation: no raw allocator calls needed.
     let mut storage = vec![0u8; 2 * ALIGN];
     let start = storage.as_ptr().align_offset(ALIGN);
     let block = &mut storage[start..start + ALIGN];

@@ -36,6 +36,20 @@ pub(crate) fn encrypted_env(key: TenantKey) -> Option<rocksdb::Env> {
     Some(unsafe { rocksdb::Env::from_raw(raw) })
 }
 
+/// Sets `use_direct_io_for_compaction_reads`, which RocksDB 11.8's C API has and rust-rocksdb
+/// does not wrap.
+pub(crate) fn set_direct_io_for_compaction_reads(opts: &mut rocksdb::Options) {
+    use rocksdb::AsRawPtr;
+    // SAFETY: `opts` is alive and exclusively borrowed for this call; the C API only sets a
+    // bool field on the options it points to.
+    unsafe {
+        librocksdb_sys::rocksdb_options_set_use_direct_io_for_compaction_reads(
+            opts.as_raw_ptr(),
+            1,
+        );
+    }
+}
+
 /// Facts about the shim that the layout test checks against the C API.
 pub(crate) struct ShimLayout {
     pub wrapper_size: usize,
@@ -151,5 +165,25 @@ extern "C" fn tenantfs_key_free(key: *mut c_void) {
     if !key.is_null() {
         // SAFETY: created by Box::into_raw in `encrypted_env`; the shim frees it once.
         drop(unsafe { Box::from_raw(key.cast::<TenantKey>()) });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn compaction_reads_direct_io_is_set() {
+        use rocksdb::AsRawPtr;
+        let mut opts = rocksdb::Options::default();
+        let get = |o: &rocksdb::Options| {
+            // SAFETY: `o` is alive for the call; the getter only reads a bool.
+            unsafe {
+                librocksdb_sys::rocksdb_options_get_use_direct_io_for_compaction_reads(
+                    o.as_raw_ptr(),
+                )
+            }
+        };
+        assert_eq!(get(&opts), 0);
+        super::set_direct_io_for_compaction_reads(&mut opts);
+        assert_eq!(get(&opts), 1);
     }
 }

@@ -157,14 +157,7 @@ impl StoreHost {
         if direct_io {
             opts.set_use_direct_reads(true);
             opts.set_use_direct_io_for_flush_and_compaction(true);
-            use rocksdb::AsRawPtr;
-            // SAFETY: `opts` is alive for this call; the C API only sets a bool on it.
-            unsafe {
-                librocksdb_sys::rocksdb_options_set_use_direct_io_for_compaction_reads(
-                    opts.as_raw_ptr(),
-                    1,
-                );
-            }
+            super::ffi::set_direct_io_for_compaction_reads(&mut opts);
         }
         opts
     }
