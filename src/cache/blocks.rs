@@ -1,0 +1,239 @@
+//! The host cache of decoded blocks, keyed by content hash.
+//!
+//! Tenants created from one base image read the same blocks; keying by BLAKE3 hash makes N
+//! tenants share one copy in RAM. Eviction and sharding are foyer's in-memory `Cache` (S3-FIFO,
+//! weighed in bytes). Each value owns a slot of the [`SlabAllocator`], so when an entry leaves
+//! the cache and its last handle drops, its memory goes back to the kernel: shrinking the
+//! budget ([`BlockCache::set_budget`], [`BlockCache::release`]) shrinks the process.
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use foyer::{Cache, CacheBuilder, CacheEntry, Event, EventListener, S3FifoConfig};
+
+use super::slab::{SlabAllocator, SlabBox, SlabStats};
+
+/// A block's identity: the BLAKE3 hash of its decoded bytes.
+pub type BlockHash = [u8; 32];
+
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("the kernel refused memory for a {0}-byte cache block")]
+    OutOfMemory(usize),
+    #[error("cannot set the cache budget to {bytes} bytes: {detail}")]
+    Budget { bytes: usize, detail: String },
+}
+
+/// Counters of the block cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BlockCacheStats {
+    pub budget_bytes: u64,
+    /// Bytes of cached blocks (slot sizes), as the cache weighs them.
+    pub used_bytes: u64,
+    pub entries: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub inserts: u64,
+    pub evictions: u64,
+    /// Bytes mapped and live in the slab allocator, and given back to the kernel.
+    pub mapped_bytes: u64,
+    pub live_bytes: u64,
+    pub released_bytes: u64,
+}
+
+#[derive(Default)]
+struct Evictions(AtomicU64);
+
+impl EventListener for Evictions {
+    type Key = BlockHash;
+    type Value = SlabBox;
+    fn on_leave(&self, reason: Event, _key: &BlockHash, _value: &SlabBox) {
+        if reason == Event::Evict {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A handle to a cached block: derefs to its bytes; keeps them alive while held.
+pub struct BlockRef(CacheEntry<BlockHash, SlabBox>);
+
+impl Deref for BlockRef {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        self.0.value()
+    }
+}
+
+/// Builder for [`BlockCache`].
+pub struct BlockCacheBuilder {
+    budget: usize,
+    shards: usize,
+}
+
+impl BlockCacheBuilder {
+    /// Number of independently locked shards (default 8).
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.max(1);
+        self
+    }
+
+    pub fn build(self) -> BlockCache {
+        let evictions = Arc::new(Evictions::default());
+        let cache = CacheBuilder::new(self.budget)
+            .with_shards(self.shards)
+            .with_eviction_config(S3FifoConfig::default())
+            .with_weighter(|_: &BlockHash, v: &SlabBox| v.footprint())
+            .with_event_listener(evictions.clone())
+            .build();
+        BlockCache {
+            cache,
+            slab: SlabAllocator::new(),
+            budget: AtomicU64::new(self.budget as u64),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            inserts: AtomicU64::new(0),
+            evictions,
+        }
+    }
+}
+
+/// The host-wide cache of decoded blocks.
+pub struct BlockCache {
+    cache: Cache<BlockHash, SlabBox>,
+    slab: SlabAllocator,
+    budget: AtomicU64,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    inserts: AtomicU64,
+    evictions: Arc<Evictions>,
+}
+
+impl BlockCache {
+    /// A cache that holds up to `budget` bytes of blocks.
+    pub fn builder(budget: usize) -> BlockCacheBuilder {
+        BlockCacheBuilder { budget, shards: 8 }
+    }
+
+    pub fn get(&self, hash: &BlockHash) -> Option<BlockRef> {
+        match self.cache.get(hash) {
+            Some(e) => {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                Some(BlockRef(e))
+            }
+            None => {
+                self.misses.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Caches a block of `len` bytes that `fill` writes in place (decrypt/decompress straight
+    /// into the cache's memory: no intermediate buffer).
+    pub fn insert_with(
+        &self,
+        hash: BlockHash,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<BlockRef, CacheError> {
+        let mut slot = self.slab.alloc(len).ok_or(CacheError::OutOfMemory(len))?;
+        fill(&mut slot);
+        self.inserts.fetch_add(1, Ordering::Relaxed);
+        Ok(BlockRef(self.cache.insert(hash, slot)))
+    }
+
+    /// Caches a copy of `data`.
+    pub fn insert(&self, hash: BlockHash, data: &[u8]) -> Result<BlockRef, CacheError> {
+        self.insert_with(hash, data.len(), |slot| slot.copy_from_slice(data))
+    }
+
+    /// Changes the budget; shrinking evicts at once.
+    pub fn set_budget(&self, bytes: usize) -> Result<(), CacheError> {
+        self.cache.resize(bytes).map_err(|e| CacheError::Budget {
+            bytes,
+            detail: e.to_string(),
+        })?;
+        self.budget.store(bytes as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Evicts about `bytes` of blocks now, keeping the budget (the cache may refill).
+    /// Returns the bytes the slab allocator gave back to the kernel meanwhile; blocks still
+    /// held by a reader are freed when their last handle drops.
+    pub fn release(&self, bytes: usize) -> Result<u64, CacheError> {
+        let before = self.slab.stats().released_bytes;
+        let budget = self.budget.load(Ordering::Relaxed) as usize;
+        let target = self.cache.usage().saturating_sub(bytes);
+        self.cache.resize(target).map_err(|e| CacheError::Budget {
+            bytes: target,
+            detail: e.to_string(),
+        })?;
+        self.cache.resize(budget).map_err(|e| CacheError::Budget {
+            bytes: budget,
+            detail: e.to_string(),
+        })?;
+        Ok(self.slab.stats().released_bytes - before)
+    }
+
+    pub fn stats(&self) -> BlockCacheStats {
+        let SlabStats {
+            mapped_bytes,
+            live_bytes,
+            released_bytes,
+        } = self.slab.stats();
+        BlockCacheStats {
+            budget_bytes: self.budget.load(Ordering::Relaxed),
+            used_bytes: self.cache.usage() as u64,
+            entries: self.cache.entries() as u64,
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            inserts: self.inserts.load(Ordering::Relaxed),
+            evictions: self.evictions.0.load(Ordering::Relaxed),
+            mapped_bytes,
+            live_bytes,
+            released_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(i: u32) -> (BlockHash, Vec<u8>) {
+        let data: Vec<u8> = (0..4096u32)
+            .map(|j| (i.wrapping_mul(31) ^ j) as u8)
+            .collect();
+        (*blake3::hash(&data).as_bytes(), data)
+    }
+
+    #[test]
+    fn hit_miss_insert_evict() {
+        let c = BlockCache::builder(64 * 4096).shards(1).build();
+        let (h, d) = block(1);
+        assert!(c.get(&h).is_none());
+        c.insert(h, &d).unwrap();
+        assert_eq!(&*c.get(&h).unwrap(), &d[..]);
+        for i in 2..200 {
+            let (h, d) = block(i);
+            c.insert(h, &d).unwrap();
+        }
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.inserts), (1, 1, 199));
+        assert!(s.evictions > 0, "{s:?}");
+        assert!(s.used_bytes <= 64 * 4096, "{s:?}");
+        assert_eq!(s.live_bytes, s.used_bytes, "evicted blocks keep no memory");
+    }
+
+    #[test]
+    fn held_block_outlives_eviction() {
+        let c = BlockCache::builder(8 * 4096).shards(1).build();
+        let (h, d) = block(7);
+        let held = c.insert(h, &d).unwrap();
+        c.set_budget(0).unwrap();
+        assert!(c.get(&h).is_none());
+        assert_eq!(&*held, &d[..], "a reader's block changed under it");
+        drop(held);
+        assert_eq!(c.stats().live_bytes, 0);
+    }
+}

@@ -1,0 +1,198 @@
+//! The slab allocator and the block cache against the kernel's own accounting: freed or
+//! released memory leaves the process's RSS at once, and many threads allocating, reading,
+//! evicting and releasing never mix up their bytes.
+
+use std::time::{Duration, Instant};
+
+use tenantfs::cache::{BlockCache, SlabAllocator, SlabBox};
+
+/// RSS is per process: tests in this file run one at a time so none disturbs another's reading.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The process's resident set size, from /proc/self/smaps_rollup.
+fn rss_bytes() -> u64 {
+    let text = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
+    let kib: u64 = text
+        .lines()
+        .find(|l| l.starts_with("Rss:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    kib * 1024
+}
+
+#[test]
+fn freeing_half_of_one_gib_drops_rss_by_half_a_gib() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let a = SlabAllocator::new();
+    let block = 64 << 10;
+    let mut boxes: Vec<SlabBox> = (0..(1usize << 30) / block)
+        .map(|i| {
+            let mut b = a.alloc(block).unwrap();
+            b.fill(i as u8 | 1); // touch every page
+            b
+        })
+        .collect();
+    let full = rss_bytes();
+    assert!(full >= 1 << 30, "RSS {full} after filling 1 GiB");
+    // Free every other block: the freed slots are spread over every slab, so only per-slot
+    // release (not unmapping whole slabs) can give this memory back.
+    let t = Instant::now();
+    let mut i = 0;
+    boxes.retain(|_| {
+        i += 1;
+        i % 2 == 0
+    });
+    let freed = 512u64 << 20;
+    let dropped = full.saturating_sub(rss_bytes());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "release took {:?}",
+        t.elapsed()
+    );
+    assert!(
+        dropped * 100 >= freed * 95,
+        "RSS fell by {} MiB after freeing 512 MiB",
+        dropped >> 20
+    );
+    assert_eq!(a.stats().live_bytes, freed);
+    // What is left is intact.
+    for (j, b) in boxes.iter().enumerate() {
+        let want = (2 * j + 1) as u8 | 1;
+        assert!(b.iter().all(|&x| x == want), "block {j} damaged");
+    }
+    drop(boxes);
+    assert_eq!(a.stats().mapped_bytes, 0);
+}
+
+#[test]
+fn block_cache_release_drops_rss() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    // Fill the block cache to 1 GiB of 64 KiB blocks, release 512 MiB: RSS must fall by at
+    // least 95% of that within 1 s, and the blocks left must be intact.
+    let block = 64usize << 10;
+    let cache = BlockCache::builder(1 << 30).build();
+    let n = (1usize << 30) / block;
+    let fill = |i: usize, slot: &mut [u8]| {
+        slot.fill(i as u8);
+        slot[..8].copy_from_slice(&(i as u64).to_le_bytes());
+    };
+    let mut hashes = Vec::with_capacity(n);
+    let mut data = vec![0u8; block];
+    for i in 0..n {
+        // Keyed by content, as the real cache is; filled in place.
+        fill(i, &mut data);
+        let h = *blake3::hash(&data).as_bytes();
+        cache.insert_with(h, block, |slot| fill(i, slot)).unwrap();
+        hashes.push(h);
+    }
+    let used = cache.stats().used_bytes;
+    assert!(used > 1000 << 20, "cache holds only {} MiB", used >> 20);
+    let full = rss_bytes();
+    let t = Instant::now();
+    let released = cache.release(512 << 20).unwrap();
+    let dropped = full.saturating_sub(rss_bytes());
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "release took {:?}",
+        t.elapsed()
+    );
+    assert!(released >= 512 << 20, "allocator released {released}");
+    assert!(
+        dropped * 100 >= (512u64 << 20) * 95,
+        "RSS fell by {} MiB after releasing 512 MiB",
+        dropped >> 20
+    );
+    let mut hits = 0;
+    for h in &hashes {
+        if let Some(b) = cache.get(h) {
+            assert_eq!(blake3::hash(&b).as_bytes(), h, "cached block damaged");
+            hits += 1;
+        }
+    }
+    assert!(
+        hits > 0 && hits < hashes.len(),
+        "{hits} of {} left",
+        hashes.len()
+    );
+}
+
+#[test]
+fn block_cache_concurrent_readers_writers_and_releases() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = std::sync::Arc::new(BlockCache::builder(8 << 20).build());
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let cache = cache.clone();
+            std::thread::spawn(move || {
+                let mut x = (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                for _ in 0..20_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let id = x % 4000;
+                    let len = [512usize, 4096, 16384][(id % 3) as usize];
+                    let data: Vec<u8> = (0..len).map(|j| (id as usize * 7 + j) as u8).collect();
+                    let h = *blake3::hash(&data).as_bytes();
+                    match cache.get(&h) {
+                        Some(b) => assert_eq!(blake3::hash(&b).as_bytes(), &h, "wrong block"),
+                        None => {
+                            let b = cache.insert(h, &data).unwrap();
+                            assert_eq!(&*b, &data[..]);
+                        }
+                    }
+                    if x % 997 == 0 {
+                        cache.release(1 << 20).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let s = cache.stats();
+    assert!(s.hits > 0 && s.evictions > 0, "{s:?}");
+    cache.set_budget(0).unwrap();
+    assert_eq!(cache.stats().live_bytes, 0, "evicted blocks kept memory");
+}
+
+#[test]
+fn concurrent_alloc_free_keeps_every_byte() {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let a = SlabAllocator::new();
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let mut x = t.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                let mut held: Vec<(u8, SlabBox)> = Vec::new();
+                for _ in 0..20_000 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    if held.len() < 64 && x % 3 != 0 {
+                        let len = [24, 200, 4096, 9000, 70_000][(x >> 8) as usize % 5];
+                        let mut b = a.alloc(len).unwrap();
+                        assert!(b.iter().all(|&v| v == 0), "fresh slot not zeroed");
+                        let tag = (x >> 16) as u8;
+                        b.fill(tag);
+                        held.push((tag, b));
+                    } else if !held.is_empty() {
+                        let (tag, b) = held.swap_remove((x >> 20) as usize % held.len());
+                        assert!(b.iter().all(|&v| v == tag), "slot changed under its owner");
+                    }
+                }
+                for (tag, b) in held {
+                    assert!(b.iter().all(|&v| v == tag));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(a.stats().live_bytes, 0);
+    assert_eq!(a.stats().mapped_bytes, 0, "empty slabs left mapped");
+}
