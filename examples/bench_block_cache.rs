@@ -16,15 +16,7 @@ use tenantfs::cache::{BlockCache, BlockHash};
 const BLOCK: usize = 4096;
 
 fn rss() -> i64 {
-    let text = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
-    let kib: i64 = text
-        .lines()
-        .find(|l| l.starts_with("Rss:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap()
-        .parse()
-        .unwrap();
-    kib * 1024
+    tenantfs::cache::process_rss_bytes().unwrap() as i64
 }
 
 fn minor_faults() -> i64 {

@@ -9,17 +9,8 @@ use tenantfs::cache::{BlockCache, SlabAllocator, SlabBox};
 /// RSS is per process: tests in this file run one at a time so none disturbs another's reading.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// The process's resident set size, from /proc/self/smaps_rollup.
 fn rss_bytes() -> u64 {
-    let text = std::fs::read_to_string("/proc/self/smaps_rollup").unwrap();
-    let kib: u64 = text
-        .lines()
-        .find(|l| l.starts_with("Rss:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .unwrap()
-        .parse()
-        .unwrap();
-    kib * 1024
+    tenantfs::cache::process_rss_bytes().unwrap()
 }
 
 #[test]

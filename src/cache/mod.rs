@@ -11,3 +11,15 @@ pub mod slab;
 
 pub use blocks::{BlockCache, BlockCacheBuilder, BlockCacheStats, BlockHash, BlockRef, CacheError};
 pub use slab::{SlabAllocator, SlabBox, SlabStats, SLAB_SIZE};
+
+/// This process's resident set size in bytes (the `Rss:` line of /proc/self/smaps_rollup):
+/// what the kernel charges to the process, the number a cache release must move.
+pub fn process_rss_bytes() -> std::io::Result<u64> {
+    let text = std::fs::read_to_string("/proc/self/smaps_rollup")?;
+    text.lines()
+        .find(|l| l.starts_with("Rss:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|kib| kib.parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .ok_or_else(|| std::io::Error::other("no Rss line in /proc/self/smaps_rollup"))
+}

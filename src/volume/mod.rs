@@ -987,18 +987,31 @@ impl Volume {
         Ok(out)
     }
 
-    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+    /// Checks that `[offset, offset+len)` fits a file, locks the inode and loads it; the inode
+    /// must be a regular file (a directory is EISDIR, anything else `not_file`).
+    fn lock_file_range(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        not_file: VolumeError,
+    ) -> Result<(std::sync::MutexGuard<'_, ()>, Attr, u64)> {
         let end = offset
-            .checked_add(data.len() as u64)
+            .checked_add(len)
             .filter(|&e| e <= MAX_FILE_SIZE)
             .ok_or(VolumeError::TooBig)?;
-        let _g = self.inodes.lock(ino);
-        let (mut attr, _) = self.load(ino)?;
+        let guard = self.inodes.lock(ino);
+        let (attr, _) = self.load(ino)?;
         match attr.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(VolumeError::IsDir),
-            _ => return Err(VolumeError::Invalid),
+            FileKind::File => Ok((guard, attr, end)),
+            FileKind::Dir => Err(VolumeError::IsDir),
+            _ => Err(not_file),
         }
+    }
+
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let (_g, mut attr, end) =
+            self.lock_file_range(ino, offset, data.len() as u64, VolumeError::Invalid)?;
         if data.is_empty() {
             return Ok(0); // writes nothing, and does not move the end of file either
         }
@@ -1046,17 +1059,8 @@ impl Volume {
         if len == 0 {
             return Err(VolumeError::Invalid);
         }
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= MAX_FILE_SIZE)
-            .ok_or(VolumeError::TooBig)?;
-        let _g = self.inodes.lock(ino);
-        let (mut attr, _) = self.load(ino)?;
-        match attr.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(VolumeError::IsDir),
-            _ => return Err(VolumeError::NotSupported),
-        }
+        let (_g, mut attr, end) =
+            self.lock_file_range(ino, offset, len, VolumeError::NotSupported)?;
         let t = now();
         let mut b = self.db().batch();
         let grow = match mode {
