@@ -11,6 +11,7 @@ pub mod crypto;
 pub mod data_dir;
 mod fs_util;
 pub mod fuse;
+pub mod pressure;
 pub mod store;
 pub mod tenants;
 pub mod volume;

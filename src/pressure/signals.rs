@@ -1,0 +1,285 @@
+//! Reading the host's memory-pressure signals: PSI, the process's memory cgroup (v1 or v2)
+//! and MemAvailable. Parsers take text so they are tested on fixtures; `read_*` functions take
+//! the files from the live system.
+//!
+//! cgroup v2 (production hosts): `memory.current`, `memory.high`, `memory.max` ("max" means
+//! no limit), `memory.events` (`high`, `max`, `oom`, `oom_kill` counts), `memory.pressure`
+//! (PSI of the cgroup). cgroup v1 (this test machine): `memory.usage_in_bytes`,
+//! `memory.limit_in_bytes` (a huge number means no limit).
+
+use std::path::{Path, PathBuf};
+
+/// One PSI line: the share of time some (or all) tasks stalled on memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Psi {
+    pub avg10: f64,
+    pub avg60: f64,
+    pub avg300: f64,
+    /// Total stall time in microseconds.
+    pub total_us: u64,
+}
+
+/// The `some` and `full` lines of a PSI file.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct PsiPair {
+    pub some: Psi,
+    pub full: Psi,
+}
+
+/// Where the process's memory cgroup is and which interface it speaks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CgroupMemory {
+    V1(PathBuf),
+    V2(PathBuf),
+}
+
+/// A cgroup's memory state, whatever the version.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupState {
+    pub current: u64,
+    /// The hard limit (v2 memory.max, v1 limit_in_bytes); `None` when unlimited.
+    pub max: Option<u64>,
+    /// The throttling threshold (v2 memory.high); `None` when unset or on v1.
+    pub high: Option<u64>,
+    /// Times the cgroup went over `high` and hit `max` (v2 memory.events).
+    pub high_events: u64,
+    pub max_events: u64,
+}
+
+/// Limits at or above this are "no limit" (v1 reports PAGE_COUNTER_MAX * page size).
+const UNLIMITED: u64 = 1 << 62;
+
+fn parse_psi_line(line: &str) -> Option<(&str, Psi)> {
+    let mut parts = line.split_whitespace();
+    let kind = parts.next()?;
+    let mut psi = Psi::default();
+    for field in parts {
+        let (k, v) = field.split_once('=')?;
+        match k {
+            "avg10" => psi.avg10 = v.parse().ok()?,
+            "avg60" => psi.avg60 = v.parse().ok()?,
+            "avg300" => psi.avg300 = v.parse().ok()?,
+            "total" => psi.total_us = v.parse().ok()?,
+            _ => {}
+        }
+    }
+    Some((kind, psi))
+}
+
+/// Parses /proc/pressure/memory or a cgroup's memory.pressure.
+pub fn parse_psi(text: &str) -> Option<PsiPair> {
+    let mut pair = PsiPair::default();
+    let mut seen_some = false;
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        match parse_psi_line(line)? {
+            ("some", p) => {
+                pair.some = p;
+                seen_some = true;
+            }
+            ("full", p) => pair.full = p,
+            _ => return None,
+        }
+    }
+    seen_some.then_some(pair)
+}
+
+/// Parses a limit file: a byte count, or "max" (v2) / a huge number (v1) for none.
+pub fn parse_limit(text: &str) -> Option<Option<u64>> {
+    let t = text.trim();
+    if t == "max" {
+        return Some(None);
+    }
+    let v: u64 = t.parse().ok()?;
+    Some((v < UNLIMITED).then_some(v))
+}
+
+/// Parses v2 memory.events into (high, max) counts.
+pub fn parse_events(text: &str) -> Option<(u64, u64)> {
+    let (mut high, mut max) = (None, None);
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        match (it.next(), it.next().and_then(|v| v.parse::<u64>().ok())) {
+            (Some("high"), Some(v)) => high = Some(v),
+            (Some("max"), Some(v)) => max = Some(v),
+            _ => {}
+        }
+    }
+    Some((high?, max?))
+}
+
+/// Parses MemAvailable (bytes) out of /proc/meminfo.
+pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
+    meminfo
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse::<u64>()
+        .ok()
+        .map(|kib| kib * 1024)
+}
+
+/// Finds the memory cgroup in /proc/self/cgroup text, given the cgroup mount root: a v1
+/// `memory` controller line wins; otherwise the v2 unified line (`0::/path`).
+pub fn parse_cgroup_membership(text: &str, root: &Path) -> Option<CgroupMemory> {
+    let mut v2 = None;
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let rel = path.trim_start_matches('/');
+        if controllers.split(',').any(|c| c == "memory") {
+            return Some(CgroupMemory::V1(root.join("memory").join(rel)));
+        }
+        if id == "0" && controllers.is_empty() {
+            v2 = Some(CgroupMemory::V2(root.join(rel)));
+        }
+    }
+    v2
+}
+
+fn read(path: &Path) -> std::io::Result<String> {
+    std::fs::read_to_string(path)
+}
+
+fn bad(path: &Path) -> std::io::Error {
+    std::io::Error::other(format!("{}: unexpected content", path.display()))
+}
+
+impl CgroupMemory {
+    /// The memory cgroup of this process on the live system.
+    pub fn of_self() -> std::io::Result<Option<Self>> {
+        Ok(parse_cgroup_membership(
+            &read(Path::new("/proc/self/cgroup"))?,
+            Path::new("/sys/fs/cgroup"),
+        ))
+    }
+
+    pub fn dir(&self) -> &Path {
+        match self {
+            CgroupMemory::V1(p) | CgroupMemory::V2(p) => p,
+        }
+    }
+
+    /// Reads the cgroup's state from its files.
+    pub fn state(&self) -> std::io::Result<CgroupState> {
+        let dir = self.dir();
+        let number = |name: &str| -> std::io::Result<u64> {
+            let p = dir.join(name);
+            read(&p)?.trim().parse().map_err(|_| bad(&p))
+        };
+        let limit = |name: &str| -> std::io::Result<Option<u64>> {
+            let p = dir.join(name);
+            parse_limit(&read(&p)?).ok_or_else(|| bad(&p))
+        };
+        match self {
+            CgroupMemory::V1(_) => Ok(CgroupState {
+                current: number("memory.usage_in_bytes")?,
+                max: limit("memory.limit_in_bytes")?,
+                ..CgroupState::default()
+            }),
+            CgroupMemory::V2(_) => {
+                let events = dir.join("memory.events");
+                let (high_events, max_events) =
+                    parse_events(&read(&events)?).ok_or_else(|| bad(&events))?;
+                Ok(CgroupState {
+                    current: number("memory.current")?,
+                    max: limit("memory.max")?,
+                    high: limit("memory.high")?,
+                    high_events,
+                    max_events,
+                })
+            }
+        }
+    }
+}
+
+/// Host-wide memory PSI from /proc/pressure/memory.
+pub fn read_host_psi() -> std::io::Result<PsiPair> {
+    let p = Path::new("/proc/pressure/memory");
+    parse_psi(&read(p)?).ok_or_else(|| bad(p))
+}
+
+/// MemAvailable from /proc/meminfo.
+pub fn read_mem_available() -> std::io::Result<u64> {
+    let p = Path::new("/proc/meminfo");
+    parse_mem_available(&read(p)?).ok_or_else(|| bad(p))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn psi_fixture() {
+        let t = "some avg10=1.50 avg60=0.25 avg300=0.00 total=123456\n\
+                 full avg10=0.75 avg60=0.00 avg300=0.00 total=654\n";
+        let p = parse_psi(t).unwrap();
+        assert_eq!(p.some.avg10, 1.5);
+        assert_eq!(p.some.total_us, 123456);
+        assert_eq!(p.full.avg10, 0.75);
+        assert!(parse_psi("bogus avg10=1").is_none());
+        assert!(parse_psi("").is_none());
+    }
+
+    #[test]
+    fn v2_fixtures() {
+        assert_eq!(parse_limit("max\n"), Some(None));
+        assert_eq!(parse_limit("1073741824\n"), Some(Some(1 << 30)));
+        assert_eq!(
+            parse_limit("9223372036854771712\n"),
+            Some(None),
+            "v1 unlimited"
+        );
+        assert_eq!(parse_limit("lots"), None);
+        let events = "low 0\nhigh 17\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n";
+        assert_eq!(parse_events(events), Some((17, 3)));
+        assert_eq!(parse_events("low 0\n"), None);
+    }
+
+    #[test]
+    fn v2_cgroup_dir_fixture() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = |n: &str, v: &str| std::fs::write(dir.path().join(n), v).unwrap();
+        w("memory.current", "536870912\n");
+        w("memory.max", "1073741824\n");
+        w("memory.high", "max\n");
+        w("memory.events", "low 0\nhigh 0\nmax 2\noom 0\noom_kill 0\n");
+        let s = CgroupMemory::V2(dir.path().to_owned()).state().unwrap();
+        assert_eq!(
+            s,
+            CgroupState {
+                current: 512 << 20,
+                max: Some(1 << 30),
+                high: None,
+                high_events: 0,
+                max_events: 2
+            }
+        );
+        w("memory.current", "garbage");
+        let e = CgroupMemory::V2(dir.path().to_owned()).state().unwrap_err();
+        assert!(e.to_string().contains("memory.current"), "{e}");
+    }
+
+    #[test]
+    fn membership() {
+        let root = Path::new("/sys/fs/cgroup");
+        let v1 = "4:memory:/process_api/abc\n0::/\n";
+        assert_eq!(
+            parse_cgroup_membership(v1, root),
+            Some(CgroupMemory::V1(PathBuf::from(
+                "/sys/fs/cgroup/memory/process_api/abc"
+            )))
+        );
+        let v2 = "0::/system.slice/tenantfs.service\n";
+        assert_eq!(
+            parse_cgroup_membership(v2, root),
+            Some(CgroupMemory::V2(PathBuf::from(
+                "/sys/fs/cgroup/system.slice/tenantfs.service"
+            )))
+        );
+        assert_eq!(
+            parse_mem_available("MemTotal: 10 kB\nMemAvailable:  2048 kB\n"),
+            Some(2 << 20)
+        );
+    }
+}
