@@ -355,7 +355,10 @@ impl Volume {
         }
     }
 
-    fn store_attr(&self, b: &mut crate::store::Batch<'_>, attr: &Attr, target: Option<&[u8]>) {
+    /// Puts an inode record; `target` (a symlink's target) is stored only for symlinks, so
+    /// callers pass what they loaded without checking the kind.
+    fn store_attr(&self, b: &mut crate::store::Batch<'_>, attr: &Attr, target: &[u8]) {
+        let target = (attr.kind == FileKind::Symlink).then_some(target);
         b.put(
             Family::Inodes,
             &ino_key(attr.ino),
@@ -448,8 +451,8 @@ impl Volume {
         pattr.mtime = t;
         pattr.ctime = t;
         let mut b = self.db().batch();
-        self.store_attr(&mut b, &attr, target);
-        self.store_attr(&mut b, &pattr, None);
+        self.store_attr(&mut b, &attr, target.unwrap_or_default());
+        self.store_attr(&mut b, &pattr, &[]);
         b.put(
             Family::Dirents,
             &dirent_key(parent, name),
@@ -520,8 +523,7 @@ impl Volume {
             attr.nlink.saturating_sub(1)
         };
         attr.ctime = t;
-        let tgt = (attr.kind == FileKind::Symlink).then_some(target);
-        self.store_attr(b, attr, tgt);
+        self.store_attr(b, attr, target);
         if attr.nlink == 0 {
             b.put(Family::Meta, &orphan_key(attr.ino), b"");
         }
@@ -577,7 +579,7 @@ impl Volume {
         }
         pattr.mtime = t;
         pattr.ctime = t;
-        self.store_attr(&mut b, &pattr, None);
+        self.store_attr(&mut b, &pattr, &[]);
         self.db().write(b)?;
         Ok(())
     }
@@ -607,9 +609,8 @@ impl Volume {
         pattr.mtime = t;
         pattr.ctime = t;
         let mut b = self.db().batch();
-        let tgt = (attr.kind == FileKind::Symlink).then_some(&target[..]);
-        self.store_attr(&mut b, &attr, tgt);
-        self.store_attr(&mut b, &pattr, None);
+        self.store_attr(&mut b, &attr, &target);
+        self.store_attr(&mut b, &pattr, &[]);
         b.put(
             Family::Dirents,
             &dirent_key(newparent, newname),
@@ -690,7 +691,6 @@ impl Volume {
         let t = now();
         let mut b = self.db().batch();
         let (mut sattr, starget) = self.load(src)?;
-        let stgt = (sattr.kind == FileKind::Symlink).then_some(&starget[..]);
 
         if mode == RenameMode::Exchange {
             let (d, dkind) = dst.expect("checked above");
@@ -722,19 +722,18 @@ impl Volume {
                 pa.ctime = t;
                 npa.mtime = t;
                 npa.ctime = t;
-                self.store_attr(&mut b, &pa, None);
-                self.store_attr(&mut b, &npa, None);
+                self.store_attr(&mut b, &pa, &[]);
+                self.store_attr(&mut b, &npa, &[]);
             } else {
                 let mut pa = self.getattr(parent)?;
                 pa.mtime = t;
                 pa.ctime = t;
-                self.store_attr(&mut b, &pa, None);
+                self.store_attr(&mut b, &pa, &[]);
             }
             sattr.ctime = t;
             dattr.ctime = t;
-            self.store_attr(&mut b, &sattr, stgt);
-            let dtgt = (dattr.kind == FileKind::Symlink).then_some(&dtarget[..]);
-            self.store_attr(&mut b, &dattr, dtgt);
+            self.store_attr(&mut b, &sattr, &starget);
+            self.store_attr(&mut b, &dattr, &dtarget);
             self.db().write(b)?;
             return Ok(());
         }
@@ -774,14 +773,14 @@ impl Volume {
             }
         }
         sattr.ctime = t;
-        self.store_attr(&mut b, &sattr, stgt);
+        self.store_attr(&mut b, &sattr, &starget);
         pa.mtime = t;
         pa.ctime = t;
-        self.store_attr(&mut b, &pa, None);
+        self.store_attr(&mut b, &pa, &[]);
         if let Some(mut npa) = npa_separate {
             npa.mtime = t;
             npa.ctime = t;
-            self.store_attr(&mut b, &npa, None);
+            self.store_attr(&mut b, &npa, &[]);
         }
         self.db().write(b)?;
         Ok(())
@@ -846,8 +845,7 @@ impl Volume {
             attr.mtime = m;
         }
         attr.ctime = set.ctime.unwrap_or(t);
-        let tgt = (attr.kind == FileKind::Symlink).then_some(&target[..]);
-        self.store_attr(&mut b, &attr, tgt);
+        self.store_attr(&mut b, &attr, &target);
         self.db().write(b)?;
         attr.blocks = self.allocated_blocks(&attr);
         Ok(attr)
@@ -1050,7 +1048,7 @@ impl Volume {
                 attr.perm &= !0o2000;
             }
         }
-        self.store_attr(&mut b, &attr, None);
+        self.store_attr(&mut b, &attr, &[]);
         self.db().write(b)?;
         Ok(data.len() as u32)
     }
@@ -1080,7 +1078,7 @@ impl Volume {
             attr.size = end;
         }
         attr.ctime = t;
-        self.store_attr(&mut b, &attr, None);
+        self.store_attr(&mut b, &attr, &[]);
         self.db().write(b)?;
         Ok(())
     }
@@ -1172,8 +1170,7 @@ impl Volume {
         attr.ctime = now();
         let mut b = self.db().batch();
         b.put(Family::Meta, &key, value);
-        let tgt = (attr.kind == FileKind::Symlink).then_some(&target[..]);
-        self.store_attr(&mut b, &attr, tgt);
+        self.store_attr(&mut b, &attr, &target);
         self.db().write(b)?;
         Ok(())
     }
@@ -1209,8 +1206,7 @@ impl Volume {
         attr.ctime = now();
         let mut b = self.db().batch();
         b.delete(Family::Meta, &key);
-        let tgt = (attr.kind == FileKind::Symlink).then_some(&target[..]);
-        self.store_attr(&mut b, &attr, tgt);
+        self.store_attr(&mut b, &attr, &target);
         self.db().write(b)?;
         Ok(())
     }
