@@ -69,12 +69,19 @@ impl Deref for BlockRef {
 pub struct BlockCacheBuilder {
     budget: usize,
     shards: usize,
+    slabs: Option<SlabAllocator>,
 }
 
 impl BlockCacheBuilder {
     /// Number of independently locked shards (default 8).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = shards.max(1);
+        self
+    }
+
+    /// Allocates blocks from `slabs` (shared with the RocksDB block cache), not slabs of its own.
+    pub fn slabs(mut self, slabs: SlabAllocator) -> Self {
+        self.slabs = Some(slabs);
         self
     }
 
@@ -88,7 +95,7 @@ impl BlockCacheBuilder {
             .build();
         BlockCache {
             cache,
-            slab: SlabAllocator::new(),
+            slab: self.slabs.unwrap_or_default(),
             budget: AtomicU64::new(self.budget as u64),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
@@ -112,7 +119,11 @@ pub struct BlockCache {
 impl BlockCache {
     /// A cache that holds up to `budget` bytes of blocks.
     pub fn builder(budget: usize) -> BlockCacheBuilder {
-        BlockCacheBuilder { budget, shards: 8 }
+        BlockCacheBuilder {
+            budget,
+            shards: 8,
+            slabs: None,
+        }
     }
 
     pub fn get(&self, hash: &BlockHash) -> Option<BlockRef> {
@@ -180,6 +191,7 @@ impl BlockCache {
             mapped_bytes,
             live_bytes,
             released_bytes,
+            ..
         } = self.slab.stats();
         BlockCacheStats {
             budget_bytes: self.budget.load(Ordering::Relaxed),

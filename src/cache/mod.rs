@@ -3,13 +3,16 @@
 //! `slab`: an allocator over mmap'd slabs that gives freed memory back to the kernel at once,
 //! so a cache that shrinks shrinks the process (RSS), unlike one built on malloc.
 //! `blocks`: the host cache of decoded blocks keyed by content hash, on foyer's S3-FIFO cache
-//! with slab-owned values. (The RocksDB block cache bridge and the pressure governor are the
-//! next steps of issue 4.)
+//! with slab-owned values.
+//! `host`: the one budget over both host caches (that and the RocksDB block cache, whose blocks
+//! live in the same slabs, see `store::RocksBlockCache`).
 
 pub mod blocks;
+pub mod host;
 pub mod slab;
 
 pub use blocks::{BlockCache, BlockCacheBuilder, BlockCacheStats, BlockHash, BlockRef, CacheError};
+pub use host::{HostCache, HostCacheStats};
 pub use slab::{SlabAllocator, SlabBox, SlabStats, SLAB_SIZE};
 
 /// This process's resident set size in bytes (the `Rss:` line of /proc/self/smaps_rollup):

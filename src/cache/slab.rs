@@ -2,11 +2,18 @@
 //!
 //! A cache built on `malloc` never shrinks the process: `free` keeps the pages in the
 //! allocator. Here memory comes from `mmap(MAP_PRIVATE | MAP_ANONYMOUS)` slabs of 2 MiB, cut
-//! into power-of-two size classes (64 B .. 1 MiB). When a slot of a page-multiple class is
-//! freed, its pages are dropped at once with `MADV_DONTNEED` (RSS follows live bytes); when a
-//! slab has no live slot left it is unmapped. Larger requests get a mapping of their own.
-//! Each size class has its own lock, so there is no global lock on the allocation path.
+//! into size classes: powers of two from 64 B to 2 KiB, then whole pages: 4, 8, 12, 16 KiB and
+//! four steps per power of two up to 1 MiB (20, 24, 28, 32, 40 KiB, ...), so a 17 KiB block
+//! takes 20 KiB, not 32. Every class from 4 KiB up is a whole number of pages, so its slots are
+//! page-aligned and hold no page with another slot: when one is freed its pages are dropped at
+//! once with `MADV_DONTNEED` (RSS follows live bytes); when a slab has no live slot left it is
+//! unmapped.
+//! Larger requests get a mapping of their own. Each size class has its own lock, so there is
+//! no global lock on the allocation path.
+//!
+//! [`AddressedSlabs`] serves owners that free by address only (RocksDB's `MemoryAllocator`).
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::num::NonZeroUsize;
 use std::ptr::NonNull;
@@ -18,9 +25,30 @@ use nix::sys::mman::{MapFlags, MmapAdvise, ProtFlags};
 /// Size of one slab mapping.
 pub const SLAB_SIZE: usize = 2 << 20;
 const PAGE: usize = 4096;
-const MIN_CLASS_SHIFT: u32 = 6; // 64 B
-const MAX_CLASS_SHIFT: u32 = 20; // 1 MiB
-const CLASSES: usize = (MAX_CLASS_SHIFT - MIN_CLASS_SHIFT + 1) as usize;
+const MAX_CLASS: usize = 1 << 20;
+/// Powers of two 64 B .. 2 KiB; 4, 8, 12, 16 KiB; then four steps per power of two up to 1 MiB.
+const CLASSES: usize = 6 + 4 + 6 * 4;
+const CLASS_SIZES: [usize; CLASSES] = class_sizes();
+const _: () = assert!(CLASS_SIZES[CLASSES - 1] == MAX_CLASS);
+
+const fn class_sizes() -> [usize; CLASSES] {
+    let mut out = [0; CLASSES];
+    let mut i = 0;
+    while i < 6 {
+        out[i] = 64 << i;
+        i += 1;
+    }
+    while i < 10 {
+        out[i] = (i - 5) * PAGE;
+        i += 1;
+    }
+    while i < CLASSES {
+        let j = i - 10;
+        out[i] = (5 + j % 4) << (12 + j / 4);
+        i += 1;
+    }
+    out
+}
 
 /// Counters of an allocator.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -31,6 +59,9 @@ pub struct SlabStats {
     pub live_bytes: u64,
     /// Bytes given back to the kernel with MADV_DONTNEED or munmap since creation.
     pub released_bytes: u64,
+    /// Bytes that may be resident: live page-multiple slots and large mappings, plus whole
+    /// slabs of sub-page classes (an upper bound: a fresh slab's untouched pages count too).
+    pub resident_bytes: u64,
 }
 
 struct Slab {
@@ -52,6 +83,7 @@ struct Shared {
     mapped: AtomicU64,
     live: AtomicU64,
     released: AtomicU64,
+    resident: AtomicU64,
 }
 
 // SAFETY: the raw slab pointers are only dereferenced by the owners of their slots
@@ -92,17 +124,19 @@ unsafe impl Send for SlabBox {}
 // SAFETY: see above.
 unsafe impl Sync for SlabBox {}
 
+/// The smallest class that holds `size` bytes; `None` above 1 MiB.
 fn class_of(size: usize) -> Option<usize> {
-    let shift = size
-        .max(1)
-        .next_power_of_two()
-        .trailing_zeros()
-        .max(MIN_CLASS_SHIFT);
-    (shift <= MAX_CLASS_SHIFT).then(|| (shift - MIN_CLASS_SHIFT) as usize)
+    let c = CLASS_SIZES.partition_point(|&c| c < size.max(1));
+    (c < CLASSES).then_some(c)
 }
 
 fn class_size(class: usize) -> usize {
-    1 << (class as u32 + MIN_CLASS_SHIFT)
+    CLASS_SIZES[class]
+}
+
+/// Bytes an allocation of `size` really gets (its slot, or its page-rounded mapping).
+pub fn usable_size(size: usize) -> usize {
+    class_of(size).map_or_else(|| size.div_ceil(PAGE) * PAGE, class_size)
 }
 
 fn map(len: usize) -> Option<NonNull<u8>> {
@@ -152,6 +186,7 @@ impl SlabAllocator {
                 mapped: AtomicU64::new(0),
                 live: AtomicU64::new(0),
                 released: AtomicU64::new(0),
+                resident: AtomicU64::new(0),
             }),
         }
     }
@@ -161,6 +196,7 @@ impl SlabAllocator {
             mapped_bytes: self.shared.mapped.load(Ordering::Relaxed),
             live_bytes: self.shared.live.load(Ordering::Relaxed),
             released_bytes: self.shared.released.load(Ordering::Relaxed),
+            resident_bytes: self.shared.resident.load(Ordering::Relaxed),
         }
     }
 
@@ -173,6 +209,9 @@ impl SlabAllocator {
                 .mapped
                 .fetch_add(mapped as u64, Ordering::Relaxed);
             self.shared.live.fetch_add(mapped as u64, Ordering::Relaxed);
+            self.shared
+                .resident
+                .fetch_add(mapped as u64, Ordering::Relaxed);
             return Some(SlabBox {
                 ptr,
                 len,
@@ -191,6 +230,11 @@ impl SlabAllocator {
                 self.shared
                     .mapped
                     .fetch_add(SLAB_SIZE as u64, Ordering::Relaxed);
+                if size < PAGE {
+                    self.shared
+                        .resident
+                        .fetch_add(SLAB_SIZE as u64, Ordering::Relaxed);
+                }
                 let slots = (SLAB_SIZE / size) as u32;
                 let slab = Slab {
                     base,
@@ -221,6 +265,11 @@ impl SlabAllocator {
         }
         drop(c);
         self.shared.live.fetch_add(size as u64, Ordering::Relaxed);
+        if size >= PAGE {
+            self.shared
+                .resident
+                .fetch_add(size as u64, Ordering::Relaxed);
+        }
         // Sub-page slots may hold an earlier allocation's bytes (page slots were DONTNEED'd and
         // read as zeros, fresh mappings are zero): clear what the caller will see.
         if size < PAGE {
@@ -281,6 +330,7 @@ impl Drop for SlabBox {
                 unmap(self.ptr, mapped);
                 shared.mapped.fetch_sub(mapped as u64, Ordering::Relaxed);
                 shared.live.fetch_sub(mapped as u64, Ordering::Relaxed);
+                shared.resident.fetch_sub(mapped as u64, Ordering::Relaxed);
                 shared.released.fetch_add(mapped as u64, Ordering::Relaxed);
             }
             Origin::Slot { class, slab, slot } => {
@@ -290,6 +340,7 @@ impl Drop for SlabBox {
                 if size >= PAGE {
                     dont_need(self.ptr, size);
                     shared.released.fetch_add(size as u64, Ordering::Relaxed);
+                    shared.resident.fetch_sub(size as u64, Ordering::Relaxed);
                 }
                 shared.live.fetch_sub(size as u64, Ordering::Relaxed);
                 let mut c = shared.classes[class]
@@ -311,6 +362,9 @@ impl Drop for SlabBox {
                         shared
                             .released
                             .fetch_add(SLAB_SIZE as u64, Ordering::Relaxed);
+                        shared
+                            .resident
+                            .fetch_sub(SLAB_SIZE as u64, Ordering::Relaxed);
                     }
                     return;
                 }
@@ -321,6 +375,63 @@ impl Drop for SlabBox {
                 }
             }
         }
+    }
+}
+
+const ADDRESS_SHARDS: usize = 16;
+
+/// Allocations known by their address, for owners that free by pointer alone (RocksDB's
+/// `MemoryAllocator::Deallocate(void*)` gets no size). Each live allocation's [`SlabBox`] is
+/// kept in a map sharded by address; freeing drops it, which returns the slot as usual.
+pub struct AddressedSlabs {
+    slabs: SlabAllocator,
+    shards: Box<[Mutex<HashMap<usize, SlabBox>>]>,
+}
+
+impl AddressedSlabs {
+    pub fn new(slabs: SlabAllocator) -> Self {
+        Self {
+            slabs,
+            shards: (0..ADDRESS_SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+
+    pub fn allocator(&self) -> &SlabAllocator {
+        &self.slabs
+    }
+
+    fn shard(&self, addr: usize) -> &Mutex<HashMap<usize, SlabBox>> {
+        &self.shards[(addr >> 12) % ADDRESS_SHARDS]
+    }
+
+    /// Allocates `len` bytes; the caller writes through the pointer until it calls
+    /// [`deallocate`](Self::deallocate) with it. `None` when the kernel refuses memory.
+    pub fn allocate(&self, len: usize) -> Option<NonNull<u8>> {
+        let b = self.slabs.alloc(len)?;
+        let ptr = b.ptr;
+        self.shard(ptr.as_ptr() as usize)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ptr.as_ptr() as usize, b);
+        Some(ptr)
+    }
+
+    /// Frees an allocation made by [`allocate`](Self::allocate); `false` if `ptr` is not one.
+    pub fn deallocate(&self, ptr: *mut u8) -> bool {
+        let b = self
+            .shard(ptr as usize)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(ptr as usize));
+        b.is_some()
+    }
+
+    /// Allocations not yet freed.
+    pub fn live_allocations(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
+            .sum()
     }
 }
 
@@ -336,6 +447,52 @@ mod tests {
         assert_eq!(class_size(class_of(4096).unwrap()), 4096);
         assert_eq!(class_size(class_of(1 << 20).unwrap()), 1 << 20);
         assert_eq!(class_of((1 << 20) + 1), None);
+        assert_eq!(class_size(class_of(4097).unwrap()), 8192);
+        assert_eq!(class_size(class_of(8193).unwrap()), 12288);
+        assert_eq!(class_size(class_of(16385).unwrap()), 20480);
+        assert_eq!(class_size(class_of(17000).unwrap()), 20480);
+        assert_eq!(class_size(class_of(600 << 10).unwrap()), 640 << 10);
+        assert_eq!(class_size(CLASSES - 1), 1 << 20);
+    }
+
+    #[test]
+    fn every_size_gets_the_smallest_class_that_fits() {
+        let sizes: Vec<usize> = (0..CLASSES).map(class_size).collect();
+        assert!(sizes.windows(2).all(|w| w[0] < w[1]), "{sizes:?}");
+        assert!(sizes.iter().all(|&s| s < PAGE || s.is_multiple_of(PAGE)));
+        assert!(sizes.iter().all(|&s| s >= PAGE || s.is_power_of_two()));
+        let mut size = 1;
+        while size <= MAX_CLASS {
+            let c = class_of(size).unwrap();
+            assert!(class_size(c) >= size, "{size}");
+            assert!(c == 0 || class_size(c - 1) < size, "{size}");
+            size += if size < 20000 { 1 } else { 97 };
+        }
+    }
+
+    #[test]
+    fn addressed_allocations_free_by_pointer() {
+        let slabs = SlabAllocator::new();
+        let a = AddressedSlabs::new(slabs.clone());
+        let ptrs: Vec<_> = [100usize, 4200, 70000, 3 << 20]
+            .iter()
+            .map(|&n| (a.allocate(n).unwrap(), n))
+            .collect();
+        assert_eq!(a.live_allocations(), 4);
+        assert_eq!(
+            slabs.stats().live_bytes,
+            ptrs.iter()
+                .map(|&(_, n)| usable_size(n) as u64)
+                .sum::<u64>()
+        );
+        assert!(!a.deallocate(std::ptr::dangling_mut::<u8>()));
+        for (p, _) in ptrs {
+            assert!(a.deallocate(p.as_ptr()));
+            assert!(!a.deallocate(p.as_ptr()), "freed twice");
+        }
+        assert_eq!(slabs.stats().live_bytes, 0);
+        assert_eq!(slabs.stats().mapped_bytes, 0);
+        assert_eq!(slabs.stats().resident_bytes, 0);
     }
 
     #[test]

@@ -6,10 +6,21 @@
 //! RocksDB drops the provider) and one `FileCipher` per open file (freed with the file's stream).
 //! Nothing here panics across the boundary: errors become non-zero return codes that the shim
 //! turns into RocksDB `Status` values.
+//!
+//! It also owns the block cache's raw handles: an LRU cache built by the shim whose
+//! `MemoryAllocator` calls back into [`AddressedSlabs`] (one `Arc` count held by the shim's
+//! allocator), the WriteBufferManager charged to it, and the table options that attach both to
+//! a store's options (rust-rocksdb has no way to take a `Cache` made elsewhere).
 
 use std::ffi::c_void;
 use std::os::raw::c_char;
+use std::ptr::NonNull;
+use std::sync::Arc;
 
+use librocksdb_sys as sys;
+use rocksdb::AsRawPtr;
+
+use crate::cache::slab::{usable_size, AddressedSlabs};
 use crate::crypto::{FileCipher, TenantKey};
 
 use super::file_key::{self, PREFIX_LEN};
@@ -19,6 +30,181 @@ extern "C" {
     fn tenantfs_env_rep(env: *const librocksdb_sys::rocksdb_env_t) -> *const c_void;
     fn tenantfs_env_wrapper_size() -> usize;
     fn tenantfs_prefix_length() -> usize;
+    fn tenantfs_lru_cache_new(
+        capacity: usize,
+        num_shard_bits: i32,
+        slabs: *const c_void,
+    ) -> *mut sys::rocksdb_cache_t;
+    fn tenantfs_lru_cache_counters(cache: *const sys::rocksdb_cache_t, out: *mut u64);
+    #[cfg(test)]
+    fn tenantfs_cache_uses_slabs(cache: *const sys::rocksdb_cache_t) -> i32;
+}
+
+/// A RocksDB LRU cache whose blocks live in slab memory (see `shim.cc`).
+pub(crate) struct SlabLruCache {
+    raw: NonNull<sys::rocksdb_cache_t>,
+}
+
+// SAFETY: RocksDB caches are internally synchronised; every method below goes through the
+// thread-safe C API on a pointer that stays valid until Drop.
+unsafe impl Send for SlabLruCache {}
+// SAFETY: as above.
+unsafe impl Sync for SlabLruCache {}
+
+impl SlabLruCache {
+    /// `num_shard_bits`: the cache has 2^bits independently locked shards.
+    pub(crate) fn new(capacity: usize, num_shard_bits: i32, slabs: Arc<AddressedSlabs>) -> Self {
+        let slabs = Arc::into_raw(slabs).cast::<c_void>();
+        // SAFETY: `slabs` is one count of an Arc<AddressedSlabs> that the shim's allocator
+        // takes over and gives back once through `tenantfs_slabs_release`.
+        let raw = unsafe { tenantfs_lru_cache_new(capacity, num_shard_bits, slabs) };
+        Self {
+            raw: NonNull::new(raw).expect("the shim returns a cache or throws"),
+        }
+    }
+
+    pub(crate) fn raw(&self) -> *mut sys::rocksdb_cache_t {
+        self.raw.as_ptr()
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        // SAFETY: a live cache (see the Send/Sync note).
+        unsafe { sys::rocksdb_cache_get_capacity(self.raw()) }
+    }
+
+    pub(crate) fn usage(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { sys::rocksdb_cache_get_usage(self.raw()) }
+    }
+
+    pub(crate) fn pinned_usage(&self) -> usize {
+        // SAFETY: as above.
+        unsafe { sys::rocksdb_cache_get_pinned_usage(self.raw()) }
+    }
+
+    /// Shrinking evicts unpinned entries down to `bytes` before it returns.
+    pub(crate) fn set_capacity(&self, bytes: usize) {
+        // SAFETY: as above.
+        unsafe { sys::rocksdb_cache_set_capacity(self.raw(), bytes) }
+    }
+
+    /// (hits, misses, evictions) since creation.
+    pub(crate) fn counters(&self) -> [u64; 3] {
+        let mut out = [0u64; 3];
+        // SAFETY: the cache was made by `tenantfs_lru_cache_new` (so its rep is the shim's
+        // counting cache) and `out` has room for the three counters written.
+        unsafe { tenantfs_lru_cache_counters(self.raw(), out.as_mut_ptr()) };
+        out
+    }
+
+    /// Whether the cache hands its blocks to the slab allocator (for the layout test).
+    #[cfg(test)]
+    pub(crate) fn uses_slabs(&self) -> bool {
+        // SAFETY: a live cache; the shim only reads its allocator's name.
+        unsafe { tenantfs_cache_uses_slabs(self.raw()) == 1 }
+    }
+}
+
+impl Drop for SlabLruCache {
+    fn drop(&mut self) {
+        // SAFETY: made by the shim with `new rocksdb_cache_t`; this drops our shared_ptr count
+        // (stores holding the cache in their options keep theirs).
+        unsafe { sys::rocksdb_cache_destroy(self.raw()) }
+    }
+}
+
+/// A WriteBufferManager whose memtable memory is charged to a [`SlabLruCache`].
+pub(crate) struct CacheChargedWriteBuffers {
+    raw: NonNull<sys::rocksdb_write_buffer_manager_t>,
+}
+
+// SAFETY: the WriteBufferManager is internally synchronised; the pointer lives until Drop.
+unsafe impl Send for CacheChargedWriteBuffers {}
+// SAFETY: as above.
+unsafe impl Sync for CacheChargedWriteBuffers {}
+
+impl CacheChargedWriteBuffers {
+    pub(crate) fn new(bytes: usize, cache: &SlabLruCache) -> Self {
+        // SAFETY: `cache` is live; the manager copies its shared_ptr.
+        let raw = unsafe {
+            sys::rocksdb_write_buffer_manager_create_with_cache(bytes, cache.raw(), false)
+        };
+        Self {
+            raw: NonNull::new(raw).expect("the C API returns a manager or throws"),
+        }
+    }
+}
+
+impl Drop for CacheChargedWriteBuffers {
+    fn drop(&mut self) {
+        // SAFETY: made by the C API above; drops only this wrapper's shared_ptr count.
+        unsafe { sys::rocksdb_write_buffer_manager_destroy(self.raw.as_ptr()) }
+    }
+}
+
+/// Block-based table settings of every tenant store.
+pub(crate) struct TableSettings {
+    pub bloom_bits_per_key: f64,
+    pub format_version: i32,
+}
+
+/// Puts a block-based table factory on `opts` that caches blocks (and index/filter blocks, L0's
+/// pinned) in `cache`, and charges memtables to `cache` through `write_buffers`.
+pub(crate) fn attach_cache(
+    opts: &mut rocksdb::Options,
+    cache: &SlabLruCache,
+    write_buffers: &CacheChargedWriteBuffers,
+    table: &TableSettings,
+) {
+    // SAFETY: every pointer is live for the call; the C API copies the shared_ptrs of the cache
+    // and the manager into the options, takes ownership of the filter policy, and copies the
+    // table options, which are destroyed right after.
+    unsafe {
+        let t = sys::rocksdb_block_based_options_create();
+        sys::rocksdb_block_based_options_set_block_cache(t, cache.raw());
+        sys::rocksdb_block_based_options_set_cache_index_and_filter_blocks(t, 1);
+        sys::rocksdb_block_based_options_set_pin_l0_filter_and_index_blocks_in_cache(t, 1);
+        sys::rocksdb_block_based_options_set_filter_policy(
+            t,
+            sys::rocksdb_filterpolicy_create_bloom_full(table.bloom_bits_per_key),
+        );
+        sys::rocksdb_block_based_options_set_format_version(t, table.format_version);
+        sys::rocksdb_options_set_block_based_table_factory(opts.as_raw_ptr(), t);
+        sys::rocksdb_block_based_options_destroy(t);
+        sys::rocksdb_options_set_write_buffer_manager(
+            opts.as_raw_ptr(),
+            write_buffers.raw.as_ptr(),
+        );
+    }
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_slab_allocate(slabs: *const c_void, size: usize) -> *mut c_void {
+    // SAFETY: `slabs` is the Arc<AddressedSlabs> count the shim's allocator holds until
+    // `tenantfs_slabs_release`, so it is alive here.
+    let slabs = unsafe { &*slabs.cast::<AddressedSlabs>() };
+    slabs
+        .allocate(size)
+        .map_or(std::ptr::null_mut(), |p| p.as_ptr().cast())
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_slab_deallocate(slabs: *const c_void, p: *mut c_void) -> i32 {
+    // SAFETY: as in `tenantfs_slab_allocate`.
+    let slabs = unsafe { &*slabs.cast::<AddressedSlabs>() };
+    i32::from(slabs.deallocate(p.cast()))
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_slab_usable_size(size: usize) -> usize {
+    usable_size(size)
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_slabs_release(slabs: *const c_void) {
+    // SAFETY: the count handed over by `Arc::into_raw` in `SlabLruCache::new`, released once
+    // when RocksDB destroys the allocator.
+    drop(unsafe { Arc::from_raw(slabs.cast::<AddressedSlabs>()) });
 }
 
 /// Builds a RocksDB Env whose files are all encrypted under `key` (see `file_key`).
@@ -39,7 +225,6 @@ pub(crate) fn encrypted_env(key: TenantKey) -> Option<rocksdb::Env> {
 /// Sets `use_direct_io_for_compaction_reads`, which RocksDB 11.8's C API has and rust-rocksdb
 /// does not wrap.
 pub(crate) fn set_direct_io_for_compaction_reads(opts: &mut rocksdb::Options) {
-    use rocksdb::AsRawPtr;
     // SAFETY: `opts` is alive and exclusively borrowed for this call; the C API only sets a
     // bool field on the options it points to.
     unsafe {
@@ -68,7 +253,6 @@ pub(crate) fn shim_layout() -> ShimLayout {
 
 /// The `Env*` inside an env wrapper (for the layout test).
 pub(crate) fn env_rep(env: &rocksdb::Env) -> *const c_void {
-    use rocksdb::AsRawPtr;
     // SAFETY: the pointer comes from a live Env and is only read by the shim.
     unsafe { tenantfs_env_rep(env.as_raw_ptr()) }
 }

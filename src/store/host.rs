@@ -1,11 +1,17 @@
-//! What every tenant store in one process shares: one RocksDB block cache, one
-//! WriteBufferManager (memtables are charged to that cache, so the host has one memory budget,
-//! not one per tenant), and the direct-I/O policy with its one-time fallback warning.
+//! What every tenant store in one process shares: one RocksDB block cache (its blocks in slab
+//! memory, see `block_cache`), one WriteBufferManager (memtables are charged to that cache, so
+//! the host has one memory budget, not one per tenant), and the direct-I/O policy with its
+//! one-time fallback warning.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rocksdb::{BlockBasedOptions, Cache, DBCompressionType, LogLevel, Options, WriteBufferManager};
+use rocksdb::{DBCompressionType, LogLevel, Options};
+
+use crate::cache::SlabAllocator;
+
+use super::block_cache::RocksBlockCache;
+use super::ffi::{CacheChargedWriteBuffers, TableSettings};
 
 /// Whether stores read and write with O_DIRECT.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
@@ -19,9 +25,10 @@ pub enum DirectIo {
 }
 
 /// Builder for [`StoreHost`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct StoreHostBuilder {
     block_cache_bytes: usize,
+    block_cache: Option<RocksBlockCache>,
     write_buffer_bytes: usize,
     direct_io: DirectIo,
 }
@@ -30,6 +37,7 @@ impl Default for StoreHostBuilder {
     fn default() -> Self {
         Self {
             block_cache_bytes: 256 << 20,
+            block_cache: None,
             write_buffer_bytes: 64 << 20,
             direct_io: DirectIo::Auto,
         }
@@ -37,9 +45,16 @@ impl Default for StoreHostBuilder {
 }
 
 impl StoreHostBuilder {
-    /// Capacity of the block cache shared by all tenant stores (memtables are charged to it).
+    /// Capacity of the block cache shared by all tenant stores (memtables are charged to it),
+    /// when the builder makes the cache itself (on slabs of its own).
     pub fn block_cache_bytes(mut self, bytes: usize) -> Self {
         self.block_cache_bytes = bytes;
+        self
+    }
+
+    /// Uses `cache` (e.g. one whose slabs the host cache budget also covers).
+    pub fn block_cache(mut self, cache: RocksBlockCache) -> Self {
+        self.block_cache = Some(cache);
         self
     }
 
@@ -55,17 +70,14 @@ impl StoreHostBuilder {
     }
 
     pub fn build(self) -> StoreHost {
-        let cache = Cache::new_lru_cache(self.block_cache_bytes);
-        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
-            self.write_buffer_bytes,
-            false,
-            cache.clone(),
-        );
+        let cache = self
+            .block_cache
+            .unwrap_or_else(|| RocksBlockCache::new(self.block_cache_bytes, &SlabAllocator::new()));
+        let write_buffers = CacheChargedWriteBuffers::new(self.write_buffer_bytes, cache.lru());
         StoreHost {
             cache,
             write_buffers,
             direct_io: self.direct_io,
-            block_cache_bytes: self.block_cache_bytes,
             warned_fallback: AtomicBool::new(false),
         }
     }
@@ -73,10 +85,9 @@ impl StoreHostBuilder {
 
 /// Shared resources of all tenant stores in this process.
 pub struct StoreHost {
-    cache: Cache,
-    write_buffers: WriteBufferManager,
+    cache: RocksBlockCache,
+    write_buffers: CacheChargedWriteBuffers,
     direct_io: DirectIo,
-    block_cache_bytes: usize,
     warned_fallback: AtomicBool,
 }
 
@@ -85,13 +96,17 @@ impl StoreHost {
         StoreHostBuilder::default()
     }
 
+    pub fn block_cache(&self) -> &RocksBlockCache {
+        &self.cache
+    }
+
     pub fn block_cache_capacity(&self) -> usize {
-        self.block_cache_bytes
+        self.cache.capacity()
     }
 
     /// Bytes in use in the shared block cache (blocks plus charged memtables).
     pub fn block_cache_usage(&self) -> usize {
-        self.cache.get_usage()
+        self.cache.usage()
     }
 
     /// Decides direct I/O for a store under `dir`: on if configured and the filesystem takes it.
@@ -118,13 +133,16 @@ impl StoreHost {
     /// Options for one tenant store (DB-wide and for each column family).
     pub(crate) fn options(&self, direct_io: bool) -> Options {
         let mut opts = Options::default();
-        let mut table = BlockBasedOptions::default();
-        table.set_block_cache(&self.cache);
-        table.set_cache_index_and_filter_blocks(true);
-        table.set_pin_l0_filter_and_index_blocks_in_cache(true);
-        table.set_bloom_filter(10.0, false);
-        table.set_format_version(6);
-        opts.set_block_based_table_factory(&table);
+        // Index and filter blocks cached (and charged) too, L0's pinned; full bloom filters.
+        super::ffi::attach_cache(
+            &mut opts,
+            self.cache.lru(),
+            &self.write_buffers,
+            &TableSettings {
+                bloom_bits_per_key: 10.0,
+                format_version: 6,
+            },
+        );
         // No compression in L0 and L1: they are rewritten soonest (flush, first compaction),
         // and compressing there costs the write path most (file data is often incompressible).
         // Deeper levels, where data settles, use LZ4 (before encryption, so it still works).
@@ -138,7 +156,6 @@ impl StoreHost {
             DBCompressionType::Lz4,
             DBCompressionType::Lz4,
         ]);
-        opts.set_write_buffer_manager(&self.write_buffers);
         opts.set_max_background_jobs(2);
         opts.set_bytes_per_sync(1 << 20);
         // RocksDB's info LOG is plaintext: never write it to disk, route warnings to tracing.

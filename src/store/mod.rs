@@ -6,6 +6,7 @@
 //! ([`StoreHost`]), and read and write with O_DIRECT where the filesystem allows it
 //! (`direct_io`).
 
+mod block_cache;
 pub mod direct_io;
 mod ffi;
 mod file_key;
@@ -14,6 +15,7 @@ mod tenant_db;
 
 use std::path::PathBuf;
 
+pub use block_cache::{RocksBlockCache, RocksBlockCacheStats};
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
 pub use tenant_db::{Batch, Encryption, Entry, Family, OpenMode, TenantDb};
 

@@ -1,23 +1,35 @@
 // tenantfs C++ shim: the only C++ in the crate.
 //
-// RocksDB's encryption hook is a C++ interface (rocksdb::EncryptionProvider) that the C API does
-// not expose, so this file implements it and hands RocksDB an encrypted Env through the C API's
-// own `rocksdb_env_t` wrapper. All key handling and all cipher work stays in Rust
-// (src/store/ffi.rs): this file only forwards whole buffers, once per read or write call.
+// Two C++ interfaces that the C API does not expose are implemented here:
+// - rocksdb::EncryptionProvider, handed to RocksDB as an encrypted Env through the C API's own
+//   `rocksdb_env_t` wrapper. All key handling and all cipher work stays in Rust
+//   (src/store/ffi.rs): this file only forwards whole buffers, once per read or write call.
+// - rocksdb::MemoryAllocator over the Rust slab allocator, installed on an LRU cache (wrapped to
+//   count hits, misses and evictions) returned as the C API's `rocksdb_cache_t`, so the block
+//   cache's memory goes back to the kernel when blocks are evicted.
 
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 
+#include "rocksdb/advanced_cache.h"
+#include "rocksdb/cache.h"
 #include "rocksdb/env.h"
 #include "rocksdb/env_encryption.h"
+#include "rocksdb/memory_allocator.h"
 #include "rocksdb/status.h"
 
 using ROCKSDB_NAMESPACE::BlockAccessCipherStream;
+using ROCKSDB_NAMESPACE::Cache;
+using ROCKSDB_NAMESPACE::CacheWrapper;
 using ROCKSDB_NAMESPACE::EncryptionProvider;
 using ROCKSDB_NAMESPACE::Env;
 using ROCKSDB_NAMESPACE::EnvOptions;
+using ROCKSDB_NAMESPACE::LRUCacheOptions;
+using ROCKSDB_NAMESPACE::MemoryAllocator;
 using ROCKSDB_NAMESPACE::Slice;
 using ROCKSDB_NAMESPACE::Status;
 
@@ -30,6 +42,11 @@ int tenantfs_cipher_apply(const void* cipher, uint64_t offset, char* data,
                           size_t len);
 void tenantfs_cipher_free(void* cipher);
 void tenantfs_key_free(void* key);
+// The slab allocator (an Arc<AddressedSlabs> the allocator below holds one count of).
+void* tenantfs_slab_allocate(const void* slabs, size_t size);
+int tenantfs_slab_deallocate(const void* slabs, void* p);  // 1 if it was a slab allocation
+size_t tenantfs_slab_usable_size(size_t size);
+void tenantfs_slabs_release(const void* slabs);
 }
 
 namespace {
@@ -111,7 +128,77 @@ class TenantEncryptionProvider final : public EncryptionProvider {
   void* key_;
 };
 
+// Block memory from the Rust slab allocator. Deallocate gets no size, so the Rust side finds the
+// allocation by address. If the slabs cannot map more memory, malloc keeps RocksDB going (it does
+// not check for null) and free takes such blocks back.
+class SlabMemoryAllocator final : public MemoryAllocator {
+ public:
+  explicit SlabMemoryAllocator(const void* slabs) : slabs_(slabs) {}
+  ~SlabMemoryAllocator() override { tenantfs_slabs_release(slabs_); }
+
+  const char* Name() const override { return "TenantfsSlabAllocator"; }
+
+  void* Allocate(size_t size) override {
+    void* p = tenantfs_slab_allocate(slabs_, size);
+    return p != nullptr ? p : std::malloc(size);
+  }
+  void Deallocate(void* p) override {
+    if (tenantfs_slab_deallocate(slabs_, p) == 0) {
+      std::free(p);
+    }
+  }
+  // The cache charges blocks by this, so its usage counts what the slots really take.
+  size_t UsableSize(void*, size_t allocation_size) const override {
+    return tenantfs_slab_usable_size(allocation_size);
+  }
+
+ private:
+  const void* slabs_;
+};
+
+struct CacheCounters {
+  std::atomic<uint64_t> hits{0};
+  std::atomic<uint64_t> misses{0};
+  std::atomic<uint64_t> evictions{0};
+};
+
+// The LRU cache with hit and miss counters on Lookup (evictions come from the LRU cache's
+// eviction callback). It carries the allocator too: table readers allocate blocks through
+// `block_cache->memory_allocator()`, which a plain CacheWrapper would leave null.
+class CountingCache final : public CacheWrapper {
+ public:
+  CountingCache(std::shared_ptr<Cache> target,
+                std::shared_ptr<MemoryAllocator> allocator,
+                std::shared_ptr<CacheCounters> counters)
+      : CacheWrapper(std::move(target)), counters_(std::move(counters)) {
+    memory_allocator_ = std::move(allocator);
+  }
+
+  const char* Name() const override { return "TenantfsCountingCache"; }
+
+  Handle* Lookup(const Slice& key, const CacheItemHelper* helper,
+                 CreateContext* create_context,
+                 Priority priority = Priority::LOW,
+                 ROCKSDB_NAMESPACE::Statistics* stats = nullptr) override {
+    Handle* h =
+        target_->Lookup(key, helper, create_context, priority, stats);
+    (h != nullptr ? counters_->hits : counters_->misses)
+        .fetch_add(1, std::memory_order_relaxed);
+    return h;
+  }
+
+  const CacheCounters& counters() const { return *counters_; }
+
+ private:
+  std::shared_ptr<CacheCounters> counters_;
+};
+
 }  // namespace
+
+// Same layout as in RocksDB's db/c.cc (guarded by tests through the C API's getters).
+struct rocksdb_cache_t {
+  std::shared_ptr<Cache> rep;
+};
 
 // Same layout as the definition in RocksDB's db/c.cc; rust-rocksdb's Env::from_raw takes one of
 // these and frees it with rocksdb_env_destroy (which deletes `rep` unless `is_default`).
@@ -139,4 +226,38 @@ const void* tenantfs_env_rep(const rocksdb_env_t* env) { return env->rep; }
 size_t tenantfs_env_wrapper_size() { return sizeof(rocksdb_env_t); }
 
 size_t tenantfs_prefix_length() { return kPrefixLength; }
+
+// An LRU cache whose blocks live in slab memory. Takes one count of `slabs` (released when
+// RocksDB drops the allocator, after the last block is freed). Free with rocksdb_cache_destroy.
+rocksdb_cache_t* tenantfs_lru_cache_new(size_t capacity, int num_shard_bits,
+                                        const void* slabs) {
+  auto allocator = std::make_shared<SlabMemoryAllocator>(slabs);
+  LRUCacheOptions opts;
+  opts.capacity = capacity;
+  opts.num_shard_bits = num_shard_bits;
+  opts.memory_allocator = allocator;
+  std::shared_ptr<Cache> lru = opts.MakeSharedCache();
+  auto counters = std::make_shared<CacheCounters>();
+  lru->SetEvictionCallback([counters](const Slice&, Cache::Handle*, bool) {
+    counters->evictions.fetch_add(1, std::memory_order_relaxed);
+    return false;  // the cache frees the block as usual
+  });
+  return new rocksdb_cache_t{
+      std::make_shared<CountingCache>(std::move(lru), std::move(allocator),
+                                      std::move(counters))};
+}
+
+// hits, misses, evictions of a cache made by tenantfs_lru_cache_new.
+void tenantfs_lru_cache_counters(const rocksdb_cache_t* cache, uint64_t* out) {
+  const auto& c = static_cast<const CountingCache*>(cache->rep.get())->counters();
+  out[0] = c.hits.load(std::memory_order_relaxed);
+  out[1] = c.misses.load(std::memory_order_relaxed);
+  out[2] = c.evictions.load(std::memory_order_relaxed);
+}
+
+// Used by the layout test: whether the cache's blocks are allocated by the slab allocator.
+int tenantfs_cache_uses_slabs(const rocksdb_cache_t* cache) {
+  auto* a = cache->rep->memory_allocator();
+  return a != nullptr && std::strcmp(a->Name(), "TenantfsSlabAllocator") == 0;
+}
 }

@@ -1,0 +1,204 @@
+//! One memory budget for both host caches.
+//!
+//! The RocksDB block cache (tenant stores' blocks, index/filter blocks, memtable charges) and the
+//! content-addressed block cache (shared base-image blocks) allocate from one slab allocator,
+//! and one budget bounds the two together: the capacities always add up to the budget. The
+//! content-addressed cache gets what it uses plus a slack of 1/16 of the budget to grow into
+//! (at least 1/16, at most 15/16), re-split on every budget change and on every governor tick
+//! ([`HostCache::rebalance`]); the RocksDB cache gets the rest. Shared base blocks serve many
+//! tenants per byte, so they may take memory from the tenant stores, 1/16 per tick.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::store::{RocksBlockCache, RocksBlockCacheStats};
+
+use super::blocks::{BlockCache, BlockCacheStats};
+use super::slab::{SlabAllocator, SlabStats};
+
+/// Numbers for `tenantfs cache stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HostCacheStats {
+    pub budget_bytes: u64,
+    /// Bytes the two caches hold (their charges).
+    pub used_bytes: u64,
+    /// Slab memory that may be resident (see [`SlabStats::resident_bytes`]).
+    pub resident_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    /// Bytes given back to the kernel (MADV_DONTNEED, munmap) since start.
+    pub released_bytes: u64,
+    pub mapped_bytes: u64,
+    pub live_bytes: u64,
+    pub rocksdb: RocksBlockCacheStats,
+    pub blocks: BlockCacheStats,
+}
+
+/// The two caches and their budget.
+pub struct HostCache {
+    slabs: SlabAllocator,
+    rocks: RocksBlockCache,
+    blocks: BlockCache,
+    budget: AtomicU64,
+}
+
+impl HostCache {
+    pub fn new(budget: u64) -> Self {
+        let slabs = SlabAllocator::new();
+        let cache = Self {
+            rocks: RocksBlockCache::new(budget as usize, &slabs),
+            blocks: BlockCache::builder(0).slabs(slabs.clone()).build(),
+            slabs,
+            budget: AtomicU64::new(budget),
+        };
+        cache.rebalance();
+        cache
+    }
+
+    /// The cache to give every tenant store (see `StoreHostBuilder::block_cache`).
+    pub fn rocksdb(&self) -> &RocksBlockCache {
+        &self.rocks
+    }
+
+    pub fn blocks(&self) -> &BlockCache {
+        &self.blocks
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget.load(Ordering::Relaxed)
+    }
+
+    pub fn used(&self) -> u64 {
+        self.rocks.usage() as u64 + self.blocks.stats().used_bytes
+    }
+
+    /// Sets the budget; shrinking evicts at once (and gives the memory back to the kernel).
+    pub fn set_budget(&self, bytes: u64) {
+        self.budget.store(bytes, Ordering::Relaxed);
+        self.rebalance();
+    }
+
+    /// Re-splits the budget between the two caches (see the module doc).
+    pub fn rebalance(&self) {
+        let budget = self.budget();
+        let slack = budget / 16;
+        let blocks = (self.blocks.stats().used_bytes + slack).clamp(slack, budget - slack);
+        // Shrink first, so the two never hold more than the budget between the calls.
+        let rocks = budget - blocks;
+        if (rocks as usize) < self.rocks.capacity() {
+            self.rocks.set_capacity(rocks as usize);
+            self.set_blocks_budget(blocks);
+        } else {
+            self.set_blocks_budget(blocks);
+            self.rocks.set_capacity(rocks as usize);
+        }
+    }
+
+    fn set_blocks_budget(&self, bytes: u64) {
+        if let Err(e) = self.blocks.set_budget(bytes as usize) {
+            tracing::error!(error = %e, bytes, "cannot resize the block cache");
+        }
+    }
+
+    /// Evicts about `bytes` now from the two caches in proportion to what they hold, keeping
+    /// the budget (they may fill again). Returns the bytes given back to the kernel; blocks a
+    /// reader still holds go back when it lets go.
+    pub fn release(&self, bytes: u64) -> u64 {
+        let before = self.slabs.stats().released_bytes;
+        let rocks_used = self.rocks.usage() as u64;
+        let blocks_used = self.blocks.stats().used_bytes;
+        let total = rocks_used + blocks_used;
+        if total > 0 {
+            let from_rocks = (bytes as u128 * rocks_used as u128 / total as u128) as u64;
+            self.rocks.release(from_rocks as usize);
+            if let Err(e) = self
+                .blocks
+                .release(bytes.saturating_sub(from_rocks) as usize)
+            {
+                tracing::error!(error = %e, "cannot release from the block cache");
+            }
+        }
+        let released = self.slabs.stats().released_bytes - before;
+        tracing::info!(requested = bytes, released, "released cache memory");
+        released
+    }
+
+    pub fn stats(&self) -> HostCacheStats {
+        let rocksdb = self.rocks.stats();
+        let blocks = self.blocks.stats();
+        let SlabStats {
+            mapped_bytes,
+            live_bytes,
+            released_bytes,
+            resident_bytes,
+        } = self.slabs.stats();
+        HostCacheStats {
+            budget_bytes: self.budget(),
+            used_bytes: rocksdb.usage_bytes + blocks.used_bytes,
+            resident_bytes,
+            hits: rocksdb.hits + blocks.hits,
+            misses: rocksdb.misses + blocks.misses,
+            evictions: rocksdb.evictions + blocks.evictions,
+            released_bytes,
+            mapped_bytes,
+            live_bytes,
+            rocksdb,
+            blocks,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacities_add_up_to_the_budget() {
+        let c = HostCache::new(64 << 20);
+        let check = |c: &HostCache| {
+            let s = c.stats();
+            assert_eq!(
+                s.rocksdb.capacity_bytes + s.blocks.budget_bytes,
+                s.budget_bytes
+            );
+        };
+        check(&c);
+        assert_eq!(c.stats().blocks.budget_bytes, 4 << 20, "slack only");
+        for i in 0..1000u32 {
+            let data = vec![i as u8; 4096];
+            c.blocks()
+                .insert(*blake3::hash(&data).as_bytes(), &data)
+                .unwrap();
+        }
+        c.rebalance();
+        check(&c);
+        let grown = c.stats().blocks.budget_bytes;
+        assert!(
+            grown > 4 << 20,
+            "the block cache may grow into its slack: {grown}"
+        );
+        c.set_budget(16 << 20);
+        check(&c);
+        assert!(c.used() <= 16 << 20);
+        assert!(c.stats().blocks.budget_bytes <= 15 << 20);
+    }
+
+    #[test]
+    fn release_gives_memory_back() {
+        let c = HostCache::new(64 << 20);
+        for i in 0..2000u32 {
+            let data = vec![(i % 251) as u8; 16384];
+            let mut h = *blake3::hash(&data).as_bytes();
+            h[..4].copy_from_slice(&i.to_le_bytes());
+            c.blocks().insert(h, &data).unwrap();
+            if i % 100 == 0 {
+                c.rebalance();
+            }
+        }
+        let used = c.used();
+        assert!(used > 8 << 20, "{used}");
+        let released = c.release(4 << 20);
+        assert!(released >= 4 << 20, "{released}");
+        assert!(c.used() <= used - (4 << 20));
+    }
+}

@@ -1,0 +1,118 @@
+//! The RocksDB block cache that every tenant store of a process shares.
+//!
+//! RocksDB's own LRU cache (it knows which blocks are pinned by readers and charges memtables
+//! to the same budget), but its block memory comes from the host's slab allocator through a
+//! `rocksdb::MemoryAllocator` in the shim: an evicted block's pages go back to the kernel at
+//! once, so shrinking the cache shrinks the process. Hits, misses and evictions are counted in
+//! the shim.
+
+use std::sync::Arc;
+
+use crate::cache::slab::{AddressedSlabs, SlabAllocator};
+
+use super::ffi::SlabLruCache;
+
+/// Counters and sizes of a [`RocksBlockCache`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RocksBlockCacheStats {
+    pub capacity_bytes: u64,
+    /// Charged bytes: blocks (their slot sizes) plus memtable reservations.
+    pub usage_bytes: u64,
+    /// Charged bytes held by readers or pinned (L0 index and filter blocks): not evictable.
+    pub pinned_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+}
+
+/// A handle to the shared cache; clones share it.
+#[derive(Clone)]
+pub struct RocksBlockCache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    lru: SlabLruCache,
+    slabs: Arc<AddressedSlabs>,
+}
+
+impl RocksBlockCache {
+    /// A cache of `capacity` bytes whose blocks are allocated from `slabs`.
+    pub fn new(capacity: usize, slabs: &SlabAllocator) -> Self {
+        let slabs = Arc::new(AddressedSlabs::new(slabs.clone()));
+        // -1: RocksDB picks the shard count from the capacity.
+        let lru = SlabLruCache::new(capacity, -1, slabs.clone());
+        Self {
+            inner: Arc::new(Inner { lru, slabs }),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.inner.lru.capacity()
+    }
+
+    pub fn usage(&self) -> usize {
+        self.inner.lru.usage()
+    }
+
+    /// Sets the capacity; shrinking evicts unpinned blocks before it returns.
+    pub fn set_capacity(&self, bytes: usize) {
+        self.inner.lru.set_capacity(bytes);
+    }
+
+    /// Evicts least-recently-used blocks until `bytes` less are charged (or only pinned ones
+    /// remain), keeping the capacity: the cache may fill again. Returns the charge dropped.
+    pub fn release(&self, bytes: usize) -> usize {
+        let before = self.usage();
+        let capacity = self.capacity();
+        self.set_capacity(before.saturating_sub(bytes));
+        self.set_capacity(capacity);
+        before.saturating_sub(self.usage())
+    }
+
+    pub fn stats(&self) -> RocksBlockCacheStats {
+        let [hits, misses, evictions] = self.inner.lru.counters();
+        RocksBlockCacheStats {
+            capacity_bytes: self.capacity() as u64,
+            usage_bytes: self.usage() as u64,
+            pinned_bytes: self.inner.lru.pinned_usage() as u64,
+            hits,
+            misses,
+            evictions,
+        }
+    }
+
+    /// Block allocations now alive in slab memory.
+    pub fn slab_allocations(&self) -> usize {
+        self.inner.slabs.live_allocations()
+    }
+
+    pub(crate) fn lru(&self) -> &SlabLruCache {
+        &self.inner.lru
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cache_allocates_from_the_slabs() {
+        let slabs = SlabAllocator::new();
+        let cache = RocksBlockCache::new(8 << 20, &slabs);
+        assert!(cache.lru().uses_slabs());
+        assert_eq!(cache.capacity(), 8 << 20);
+        cache.set_capacity(4 << 20);
+        assert_eq!(cache.capacity(), 4 << 20);
+        assert_eq!(cache.stats().hits, 0);
+    }
+
+    #[test]
+    fn the_slabs_outlive_the_cache_handle_until_rocksdb_drops_them() {
+        let slabs = SlabAllocator::new();
+        let cache = RocksBlockCache::new(1 << 20, &slabs);
+        let weak = Arc::downgrade(&cache.inner.slabs);
+        drop(cache);
+        assert!(weak.upgrade().is_none(), "the shim released its count");
+    }
+}
