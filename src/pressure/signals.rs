@@ -5,7 +5,8 @@
 //! cgroup v2 (production hosts): `memory.current`, `memory.high`, `memory.max` ("max" means
 //! no limit), `memory.events` (`high`, `max`, `oom`, `oom_kill` counts), `memory.pressure`
 //! (PSI of the cgroup). cgroup v1 (this test machine): `memory.usage_in_bytes`,
-//! `memory.limit_in_bytes` (a huge number means no limit).
+//! `memory.limit_in_bytes` (a huge number means no limit), `memory.failcnt` (times usage hit
+//! the limit: v1's counterpart of the v2 `max` event) and `memory.oom_control` (`oom_kill`).
 
 use std::path::{Path, PathBuf};
 
@@ -41,9 +42,19 @@ pub struct CgroupState {
     pub max: Option<u64>,
     /// The throttling threshold (v2 memory.high); `None` when unset or on v1.
     pub high: Option<u64>,
-    /// Times the cgroup went over `high` and hit `max` (v2 memory.events).
+    /// Times the cgroup went over `high` and hit `max` (v2 memory.events; v1 has no `high`
+    /// and counts limit hits in memory.failcnt).
     pub high_events: u64,
     pub max_events: u64,
+    /// OOM events (v2 memory.events `oom`; v1 memory.oom_control `oom_kill`).
+    pub oom_events: u64,
+}
+
+/// Total and available memory of the host (/proc/meminfo), in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemInfo {
+    pub total: u64,
+    pub available: u64,
 }
 
 /// Limits at or above this are "no limit" (v1 reports PAGE_COUNTER_MAX * page size).
@@ -93,18 +104,17 @@ pub fn parse_limit(text: &str) -> Option<Option<u64>> {
     Some((v < UNLIMITED).then_some(v))
 }
 
+/// The value of a `key value` line (memory.events, memory.oom_control, memory.stat).
+pub fn parse_keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let mut it = line.split_whitespace();
+        (it.next()? == key).then(|| it.next()?.parse().ok())?
+    })
+}
+
 /// Parses v2 memory.events into (high, max) counts.
 pub fn parse_events(text: &str) -> Option<(u64, u64)> {
-    let (mut high, mut max) = (None, None);
-    for line in text.lines() {
-        let mut it = line.split_whitespace();
-        match (it.next(), it.next().and_then(|v| v.parse::<u64>().ok())) {
-            (Some("high"), Some(v)) => high = Some(v),
-            (Some("max"), Some(v)) => max = Some(v),
-            _ => {}
-        }
-    }
-    Some((high?, max?))
+    Some((parse_keyed(text, "high")?, parse_keyed(text, "max")?))
 }
 
 /// Parses MemAvailable (bytes) out of /proc/meminfo.
@@ -117,6 +127,24 @@ pub fn parse_mem_available(meminfo: &str) -> Option<u64> {
         .parse::<u64>()
         .ok()
         .map(|kib| kib * 1024)
+}
+
+/// Parses MemTotal and MemAvailable out of /proc/meminfo.
+pub fn parse_meminfo(meminfo: &str) -> Option<MemInfo> {
+    let kib = |key: &str| -> Option<u64> {
+        meminfo
+            .lines()
+            .find(|l| l.starts_with(key))?
+            .split_whitespace()
+            .nth(1)?
+            .parse::<u64>()
+            .ok()
+            .map(|kib| kib * 1024)
+    };
+    Some(MemInfo {
+        total: kib("MemTotal:")?,
+        available: kib("MemAvailable:")?,
+    })
 }
 
 /// Finds the memory cgroup in /proc/self/cgroup text, given the cgroup mount root: a v1
@@ -175,18 +203,25 @@ impl CgroupMemory {
             CgroupMemory::V1(_) => Ok(CgroupState {
                 current: number("memory.usage_in_bytes")?,
                 max: limit("memory.limit_in_bytes")?,
+                // Counters only: a kernel without them (oom_kill is 4.13+) reads as zero.
+                max_events: number("memory.failcnt").unwrap_or(0),
+                oom_events: read(&dir.join("memory.oom_control"))
+                    .ok()
+                    .and_then(|t| parse_keyed(&t, "oom_kill"))
+                    .unwrap_or(0),
                 ..CgroupState::default()
             }),
             CgroupMemory::V2(_) => {
                 let events = dir.join("memory.events");
-                let (high_events, max_events) =
-                    parse_events(&read(&events)?).ok_or_else(|| bad(&events))?;
+                let text = read(&events)?;
+                let (high_events, max_events) = parse_events(&text).ok_or_else(|| bad(&events))?;
                 Ok(CgroupState {
                     current: number("memory.current")?,
                     max: limit("memory.max")?,
                     high: limit("memory.high")?,
                     high_events,
                     max_events,
+                    oom_events: parse_keyed(&text, "oom").unwrap_or(0),
                 })
             }
         }
@@ -203,6 +238,12 @@ pub fn read_host_psi() -> std::io::Result<PsiPair> {
 pub fn read_mem_available() -> std::io::Result<u64> {
     let p = Path::new("/proc/meminfo");
     parse_mem_available(&read(p)?).ok_or_else(|| bad(p))
+}
+
+/// MemTotal and MemAvailable from /proc/meminfo.
+pub fn read_meminfo() -> std::io::Result<MemInfo> {
+    let p = Path::new("/proc/meminfo");
+    parse_meminfo(&read(p)?).ok_or_else(|| bad(p))
 }
 
 #[cfg(test)]
@@ -234,6 +275,41 @@ mod tests {
         let events = "low 0\nhigh 17\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n";
         assert_eq!(parse_events(events), Some((17, 3)));
         assert_eq!(parse_events("low 0\n"), None);
+        assert_eq!(parse_keyed(events, "oom"), Some(1));
+        assert_eq!(parse_keyed(events, "oom_kill"), Some(1));
+        assert_eq!(parse_keyed(events, "missing"), None);
+    }
+
+    #[test]
+    fn v1_cgroup_dir_fixture() {
+        let dir = tempfile::tempdir().unwrap();
+        let w = |n: &str, v: &str| std::fs::write(dir.path().join(n), v).unwrap();
+        w("memory.usage_in_bytes", "209715200\n");
+        w("memory.limit_in_bytes", "268435456\n");
+        w("memory.failcnt", "7\n");
+        w(
+            "memory.oom_control",
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        );
+        let s = CgroupMemory::V1(dir.path().to_owned()).state().unwrap();
+        assert_eq!(
+            s,
+            CgroupState {
+                current: 200 << 20,
+                max: Some(256 << 20),
+                high: None,
+                high_events: 0,
+                max_events: 7,
+                oom_events: 2,
+            }
+        );
+        // Counters are optional; usage and limit are not.
+        std::fs::remove_file(dir.path().join("memory.failcnt")).unwrap();
+        std::fs::remove_file(dir.path().join("memory.oom_control")).unwrap();
+        let s = CgroupMemory::V1(dir.path().to_owned()).state().unwrap();
+        assert_eq!((s.max_events, s.oom_events), (0, 0));
+        std::fs::remove_file(dir.path().join("memory.usage_in_bytes")).unwrap();
+        assert!(CgroupMemory::V1(dir.path().to_owned()).state().is_err());
     }
 
     #[test]
@@ -252,7 +328,8 @@ mod tests {
                 max: Some(1 << 30),
                 high: None,
                 high_events: 0,
-                max_events: 2
+                max_events: 2,
+                oom_events: 0,
             }
         );
         w("memory.current", "garbage");
@@ -281,5 +358,13 @@ mod tests {
             parse_mem_available("MemTotal: 10 kB\nMemAvailable:  2048 kB\n"),
             Some(2 << 20)
         );
+        assert_eq!(
+            parse_meminfo("MemTotal: 10 kB\nMemFree: 1 kB\nMemAvailable:  2048 kB\n"),
+            Some(MemInfo {
+                total: 10 << 10,
+                available: 2 << 20
+            })
+        );
+        assert_eq!(parse_meminfo("MemTotal: 10 kB\n"), None);
     }
 }

@@ -1,0 +1,280 @@
+//! Live pressure events for the governor's poll loop, so it reacts within the event's window
+//! instead of at the next tick: PSI triggers (/proc/pressure/memory and a v2 cgroup's
+//! memory.pressure signal POLLPRI once stall time in a window passes a threshold) and v1
+//! memory.pressure_level notifications (an eventfd registered through cgroup.event_control).
+//!
+//! Every watcher is optional: a kernel without PSI, a caller without CAP_SYS_RESOURCE (whose
+//! trigger windows must be multiples of 2 s; we retry with one) or a missing file logs one
+//! warning and the governor carries on with what it samples each tick.
+
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::Path;
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::eventfd::{EfdFlags, EventFd};
+
+use super::governor::Triggers;
+use super::signals::CgroupMemory;
+
+pub(crate) struct WatchConfig {
+    pub psi_triggers: bool,
+    pub psi_stall: Duration,
+    pub psi_window: Duration,
+    pub v1_pressure_level: bool,
+}
+
+/// What one wait saw.
+#[derive(Default)]
+pub(crate) struct Woke {
+    pub triggers: Triggers,
+    /// The wake eventfd was written (stop, or a new ceiling).
+    pub woken: bool,
+}
+
+/// A v1 memory.pressure_level registration.
+struct V1Level {
+    event: EventFd,
+    _level: File,
+}
+
+pub(crate) struct Watch {
+    host_psi: Option<File>,
+    cgroup_psi: Option<File>,
+    v1_level: Option<V1Level>,
+}
+
+#[derive(Clone, Copy)]
+enum Source {
+    Wake,
+    HostPsi,
+    CgroupPsi,
+    V1Level,
+}
+
+/// Window lengths unprivileged PSI triggers must be a multiple of.
+const UNPRIVILEGED_WINDOW: Duration = Duration::from_secs(2);
+
+fn write_trigger(path: &Path, stall: Duration, window: Duration) -> std::io::Result<File> {
+    let mut f = OpenOptions::new().read(true).write(true).open(path)?;
+    // The kernel overwrites the last byte written with a NUL: end the line with one.
+    let line = format!("some {} {}\0", stall.as_micros(), window.as_micros());
+    f.write_all(line.as_bytes())?;
+    Ok(f)
+}
+
+/// Opens a PSI file with a `some` trigger; on EINVAL retries with the window rounded up to
+/// what an unprivileged caller may use, the stall scaled with it.
+fn register_psi(path: &Path, stall: Duration, window: Duration) -> std::io::Result<File> {
+    match write_trigger(path, stall, window) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            let n = window
+                .as_micros()
+                .div_ceil(UNPRIVILEGED_WINDOW.as_micros())
+                .max(1);
+            let wider = UNPRIVILEGED_WINDOW * n as u32;
+            let scaled = stall.mul_f64(wider.as_secs_f64() / window.as_secs_f64().max(1e-6));
+            let f = write_trigger(path, scaled.min(wider), wider).map_err(|_| e)?;
+            tracing::info!(
+                path = %path.display(),
+                stall_ms = scaled.as_millis() as u64,
+                window_ms = wider.as_millis() as u64,
+                "PSI trigger registered with an unprivileged window"
+            );
+            Ok(f)
+        }
+        r => r,
+    }
+}
+
+fn register_v1_level(dir: &Path) -> std::io::Result<V1Level> {
+    let event = EventFd::from_value_and_flags(0, EfdFlags::EFD_CLOEXEC | EfdFlags::EFD_NONBLOCK)?;
+    let level = File::open(dir.join("memory.pressure_level"))?;
+    let mut control = OpenOptions::new()
+        .write(true)
+        .open(dir.join("cgroup.event_control"))?;
+    let line = format!("{} {} medium", event.as_raw_fd(), level.as_raw_fd());
+    control.write_all(line.as_bytes())?;
+    Ok(V1Level {
+        event,
+        _level: level,
+    })
+}
+
+impl Watch {
+    /// Registers what `config` enables and the system allows; failures are logged once.
+    pub(crate) fn new(cgroup: Option<&CgroupMemory>, config: &WatchConfig) -> Watch {
+        let psi = |path: &Path| -> Option<File> {
+            if !config.psi_triggers {
+                return None;
+            }
+            match register_psi(path, config.psi_stall, config.psi_window) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "no PSI trigger; sampling PSI each tick instead");
+                    None
+                }
+            }
+        };
+        let host_psi = psi(Path::new("/proc/pressure/memory"));
+        let cgroup_psi = match cgroup {
+            Some(CgroupMemory::V2(dir)) => psi(&dir.join("memory.pressure")),
+            _ => None,
+        };
+        let v1_level = match cgroup {
+            Some(CgroupMemory::V1(dir)) if config.v1_pressure_level => {
+                match register_v1_level(dir) {
+                    Ok(l) => Some(l),
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), error = %e, "no v1 memory.pressure_level events");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        Watch {
+            host_psi,
+            cgroup_psi,
+            v1_level,
+        }
+    }
+
+    /// Waits up to `timeout` for any event or for `wake`.
+    pub(crate) fn wait(&mut self, wake: &EventFd, timeout: Duration) -> Woke {
+        let mut sources = vec![Source::Wake];
+        let mut fds = vec![PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
+        if let Some(f) = &self.host_psi {
+            sources.push(Source::HostPsi);
+            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLPRI));
+        }
+        if let Some(f) = &self.cgroup_psi {
+            sources.push(Source::CgroupPsi);
+            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLPRI));
+        }
+        if let Some(l) = &self.v1_level {
+            sources.push(Source::V1Level);
+            fds.push(PollFd::new(l.event.as_fd(), PollFlags::POLLIN));
+        }
+        let timeout = PollTimeout::try_from(timeout).unwrap_or(PollTimeout::MAX);
+        let mut woke = Woke::default();
+        match poll(&mut fds, timeout) {
+            Ok(0) | Err(Errno::EINTR) => return woke,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "poll failed in the cache governor");
+                std::thread::sleep(Duration::from_millis(100));
+                return woke;
+            }
+        }
+        let revents: Vec<PollFlags> = fds
+            .iter()
+            .map(|p| p.revents().unwrap_or(PollFlags::empty()))
+            .collect();
+        drop(fds);
+        let broken = PollFlags::POLLERR | PollFlags::POLLHUP | PollFlags::POLLNVAL;
+        for (source, ev) in sources.into_iter().zip(revents) {
+            if ev.is_empty() {
+                continue;
+            }
+            match source {
+                Source::Wake => {
+                    let _ = wake.read();
+                    woke.woken = true;
+                }
+                Source::HostPsi | Source::CgroupPsi => {
+                    let slot = match source {
+                        Source::HostPsi => &mut self.host_psi,
+                        _ => &mut self.cgroup_psi,
+                    };
+                    if ev.intersects(broken) {
+                        // The trigger is gone (cgroup removed): POLLERR would spin the loop.
+                        tracing::warn!("PSI trigger file reports an error; dropping it");
+                        *slot = None;
+                    } else if ev.contains(PollFlags::POLLPRI) {
+                        match source {
+                            Source::HostPsi => woke.triggers.host_psi = true,
+                            _ => woke.triggers.cgroup_psi = true,
+                        }
+                    }
+                }
+                Source::V1Level => {
+                    let ok = self
+                        .v1_level
+                        .as_ref()
+                        .is_some_and(|l| !ev.intersects(broken) && l.event.read().is_ok());
+                    if ok {
+                        woke.triggers.v1_pressure_level = true;
+                    } else {
+                        tracing::warn!("v1 pressure_level eventfd failed; dropping it");
+                        self.v1_level = None;
+                    }
+                }
+            }
+        }
+        woke
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn config() -> WatchConfig {
+        WatchConfig {
+            psi_triggers: true,
+            psi_stall: Duration::from_millis(150),
+            psi_window: Duration::from_secs(1),
+            v1_pressure_level: true,
+        }
+    }
+
+    #[test]
+    fn registers_what_this_machine_offers() {
+        let cgroup = CgroupMemory::of_self().unwrap();
+        let w = Watch::new(cgroup.as_ref(), &config());
+        if let Some(CgroupMemory::V1(_)) = cgroup {
+            assert!(w.v1_level.is_some(), "v1 pressure_level registration");
+        }
+        if Path::new("/proc/pressure/memory").exists() && nix::unistd::geteuid().is_root() {
+            assert!(w.host_psi.is_some(), "host PSI trigger (root)");
+        }
+        // Disabled watchers are not registered.
+        let off = WatchConfig {
+            psi_triggers: false,
+            v1_pressure_level: false,
+            ..config()
+        };
+        let w = Watch::new(cgroup.as_ref(), &off);
+        assert!(w.host_psi.is_none() && w.cgroup_psi.is_none() && w.v1_level.is_none());
+    }
+
+    #[test]
+    fn missing_files_are_no_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let gone = dir.path().join("gone");
+        for cg in [CgroupMemory::V1(gone.clone()), CgroupMemory::V2(gone)] {
+            let w = Watch::new(Some(&cg), &config());
+            assert!(w.cgroup_psi.is_none() && w.v1_level.is_none());
+        }
+    }
+
+    #[test]
+    fn wake_ends_the_wait() {
+        let mut w = Watch::new(None, &config());
+        let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK).unwrap();
+        let t = Instant::now();
+        let woke = w.wait(&wake, Duration::from_millis(50));
+        assert!(!woke.woken && t.elapsed() >= Duration::from_millis(40));
+        wake.write(1).unwrap();
+        let t = Instant::now();
+        let woke = w.wait(&wake, Duration::from_secs(10));
+        assert!(woke.woken && t.elapsed() < Duration::from_secs(1));
+        // The wake was drained: the next wait times out again.
+        assert!(!w.wait(&wake, Duration::from_millis(10)).woken);
+    }
+}
