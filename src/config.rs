@@ -9,6 +9,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer};
 
+use crate::cache::HostCache;
+use crate::pressure::GovernorConfig;
 use crate::store::{DirectIo, StoreHost};
 
 /// Where the config is read from when `--config` is not given (absent is fine).
@@ -82,15 +84,17 @@ impl<'de> Deserialize<'de> for ByteSize {
 pub struct Config {
     #[serde(default)]
     pub store: StoreConfig,
+    #[serde(default)]
+    pub cache: CacheConfig,
+    #[serde(default)]
+    pub pressure: PressureConfig,
 }
 
 /// `[store]`: the tenant stores' shared RocksDB resources.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// Block cache shared by all tenant stores.
-    pub block_cache: ByteSize,
-    /// Memtable memory across all tenant stores (charged to the block cache).
+    /// Memtable memory across all tenant stores (charged to the cache budget).
     pub write_buffers: ByteSize,
     /// "auto" (O_DIRECT where supported) or "off".
     pub direct_io: DirectIo,
@@ -99,9 +103,43 @@ pub struct StoreConfig {
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
-            block_cache: ByteSize(256 << 20),
             write_buffers: ByteSize(64 << 20),
             direct_io: DirectIo::Auto,
+        }
+    }
+}
+
+/// `[cache]`: the host cache (RocksDB block cache and content-addressed block cache).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CacheConfig {
+    /// The most memory both caches may hold together; the governor may hold them lower.
+    pub budget: ByteSize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self {
+            budget: ByteSize(512 << 20),
+        }
+    }
+}
+
+/// `[pressure]`: the governor that shrinks the cache under memory pressure.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PressureConfig {
+    /// Run the governor (default true).
+    pub governor: bool,
+    /// How often it samples when no trigger fires, in milliseconds (default 1000).
+    pub interval_ms: u64,
+}
+
+impl Default for PressureConfig {
+    fn default() -> Self {
+        Self {
+            governor: true,
+            interval_ms: 1000,
         }
     }
 }
@@ -152,25 +190,49 @@ impl Config {
                 message: e.message().to_owned(),
             }
         })?;
-        if config.store.block_cache.0 < 1 << 20 {
-            return Err(ConfigError::Invalid {
-                path: path.to_owned(),
-                message: format!(
-                    "store.block_cache = {} is too small; use at least 1M",
-                    config.store.block_cache
-                ),
-            });
+        let invalid = |message: String| ConfigError::Invalid {
+            path: path.to_owned(),
+            message,
+        };
+        if config.cache.budget.0 < 16 << 20 {
+            return Err(invalid(format!(
+                "cache.budget = {} is too small; use at least 16M",
+                config.cache.budget
+            )));
+        }
+        if !(10..=60_000).contains(&config.pressure.interval_ms) {
+            return Err(invalid(format!(
+                "pressure.interval_ms = {} is out of range; use 10 to 60000",
+                config.pressure.interval_ms
+            )));
         }
         Ok(config)
     }
 
-    /// The shared store resources this config describes.
-    pub fn store_host(&self) -> StoreHost {
-        StoreHost::builder()
-            .block_cache_bytes(self.store.block_cache.0 as usize)
+    /// The host cache this config describes.
+    pub fn host_cache(&self) -> HostCache {
+        HostCache::new(self.cache.budget.0)
+    }
+
+    /// The governor settings, or `None` when it is turned off.
+    pub fn governor(&self) -> Option<GovernorConfig> {
+        self.pressure.governor.then(|| GovernorConfig {
+            interval: std::time::Duration::from_millis(self.pressure.interval_ms),
+            ..GovernorConfig::default()
+        })
+    }
+
+    /// The shared store resources this config describes, on `cache`'s RocksDB cache (or on a
+    /// small cache of their own, for commands that only create or check a store).
+    pub fn store_host(&self, cache: Option<&HostCache>) -> StoreHost {
+        let builder = StoreHost::builder()
             .write_buffer_bytes(self.store.write_buffers.0 as usize)
-            .direct_io(self.store.direct_io)
-            .build()
+            .direct_io(self.store.direct_io);
+        match cache {
+            Some(c) => builder.block_cache(c.rocksdb().clone()),
+            None => builder.block_cache_bytes(32 << 20),
+        }
+        .build()
     }
 }
 
@@ -195,13 +257,26 @@ mod tests {
     #[test]
     fn config_parse_and_errors() {
         let p = Path::new("t.toml");
-        let c = Config::parse("[store]\nblock_cache = \"1G\"\ndirect_io = \"off\"\n", p).unwrap();
-        assert_eq!(c.store.block_cache.0, 1 << 30);
+        let c = Config::parse(
+            "[store]\ndirect_io = \"off\"\n[cache]\nbudget = \"1G\"\n[pressure]\ninterval_ms = 200\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(c.cache.budget.0, 1 << 30);
         assert_eq!(c.store.direct_io, DirectIo::Off);
-        let e = Config::parse("[store]\n\nblock_cach = \"1G\"\n", p).unwrap_err();
+        assert_eq!(
+            c.governor().unwrap().interval,
+            std::time::Duration::from_millis(200)
+        );
+        let e = Config::parse("[cache]\n\nbudgt = \"1G\"\n", p).unwrap_err();
         assert!(matches!(e, ConfigError::Parse { line: 3, .. }), "{e}");
-        let e = Config::parse("[store]\nblock_cache = \"lots\"\n", p).unwrap_err();
+        let e = Config::parse("[cache]\nbudget = \"lots\"\n", p).unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
-        assert!(Config::parse("[store]\nblock_cache = 10\n", p).is_err());
+        assert!(Config::parse("[cache]\nbudget = 10\n", p).is_err());
+        assert!(Config::parse("[pressure]\ninterval_ms = 0\n", p).is_err());
+        assert!(Config::parse("[pressure]\ngovernor = false\n", p)
+            .unwrap()
+            .governor()
+            .is_none());
     }
 }

@@ -7,6 +7,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod control;
 pub mod crypto;
 pub mod data_dir;
 mod fs_util;

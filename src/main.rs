@@ -2,12 +2,15 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use tenantfs::config::{ByteSize, Config};
+use tenantfs::control::{self, Request};
 use tenantfs::data_dir::DataDir;
 use tenantfs::fuse::{block_shutdown_signals, prepare_mountpoint, serve, MountOptions};
+use tenantfs::pressure::Governor;
 use tenantfs::tenants;
 use tenantfs::volume::Volume;
 
@@ -59,6 +62,23 @@ enum Command {
     /// Check the config file.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Inspect and steer the host cache of the process serving the mounts.
+    #[command(subcommand)]
+    Cache(CacheCommand),
+}
+
+#[derive(Subcommand)]
+enum CacheCommand {
+    /// Show the cache's budget, use, memory and counters.
+    Stats {
+        /// Print a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Evict SIZE from the cache now and give the memory back to the kernel (e.g. 512M).
+    Release { size: ByteSize },
+    /// Set the cache budget ceiling to SIZE (the governor may hold it lower under pressure).
+    Budget { size: ByteSize },
 }
 
 #[derive(Subcommand)]
@@ -129,6 +149,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Umount { mountpoint } => umount(&cli.data_dir, mountpoint),
+        Command::Cache(c) => cache_command(&cli.data_dir, c),
     }
 }
 
@@ -148,9 +169,22 @@ fn mount_foreground(
     prepare_mountpoint(mountpoint)?;
     let config = Config::load(cli.config.as_deref())?;
     let data = DataDir::open(&cli.data_dir, cli.master_key.as_deref())?;
-    let host = config.store_host();
+    let cache = Arc::new(config.host_cache());
+    let host = config.store_host(Some(&cache));
     let opened = tenants::open(&data, &host, tenant)?;
     let volume = Volume::open(opened).with_context(|| format!("cannot open tenant {tenant}"))?;
+    let governor = match config.governor() {
+        Some(g) => Some(Arc::new(
+            Governor::start(cache.clone(), cache.budget(), g)
+                .context("cannot start the cache governor")?,
+        )),
+        None => None,
+    };
+    let _control = control::Server::start(
+        &control::mount_socket(&cli.data_dir, tenant),
+        control::cache_handler(cache.clone(), governor, format!("mount of tenant {tenant}")),
+    )
+    .context("cannot open the control socket")?;
     let log = data.tenants_dir().join(tenant).join("mount.log");
     let notify = std::env::var_os(READY_ENV).is_some();
     serve(volume, mountpoint, options, || {
@@ -276,7 +310,7 @@ fn tenant_create(
 ) -> Result<()> {
     let config = Config::load(config)?;
     let data = DataDir::open(root, key)?;
-    let host = config.store_host();
+    let host = config.store_host(None);
     let info = tenants::create(&data, &host, name, block_size.map(|b| b.0))
         .with_context(|| format!("cannot create tenant {name}"))?;
     println!(
@@ -319,8 +353,112 @@ fn config_check(path: Option<&Path>) -> Result<()> {
     );
     let config = Config::load(path)?;
     println!(
-        "{shown}: ok (block cache {}, write buffers {}, direct I/O {:?})",
-        config.store.block_cache, config.store.write_buffers, config.store.direct_io
+        "{shown}: ok (cache budget {}, write buffers {}, direct I/O {:?}, governor {})",
+        config.cache.budget,
+        config.store.write_buffers,
+        config.store.direct_io,
+        if config.pressure.governor {
+            format!("every {} ms", config.pressure.interval_ms)
+        } else {
+            "off".into()
+        }
     );
+    Ok(())
+}
+
+/// Numeric fields summed over serving processes for `cache stats`.
+const SUMMED: [&str; 10] = [
+    "budget_bytes",
+    "ceiling_bytes",
+    "used_bytes",
+    "resident_bytes",
+    "hits",
+    "misses",
+    "evictions",
+    "released_bytes",
+    "mapped_bytes",
+    "process_rss_bytes",
+];
+
+fn cache_command(root: &Path, cmd: &CacheCommand) -> Result<()> {
+    use serde_json::{json, Value};
+    let sockets = control::serving_sockets(root)?;
+    let ask = |req: &Request| -> Result<Vec<Value>> {
+        sockets
+            .iter()
+            .map(|s| control::request(s, req).map_err(anyhow::Error::from))
+            .collect()
+    };
+    match cmd {
+        CacheCommand::Stats { json } => {
+            let each = ask(&Request::CacheStats)?;
+            let mut total = serde_json::Map::new();
+            for key in SUMMED {
+                let sum: u64 = each.iter().filter_map(|v| v[key].as_u64()).sum();
+                total.insert(key.into(), json!(sum));
+            }
+            total.insert("processes".into(), Value::Array(each.clone()));
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&Value::Object(total))?);
+                return Ok(());
+            }
+            let mib = |v: &Value, k: &str| format!("{} MiB", v[k].as_u64().unwrap_or(0) >> 20);
+            for v in &each {
+                println!(
+                    "{} (pid {}): budget {} (ceiling {}), used {}, resident {}, process RSS {}",
+                    v["server"].as_str().unwrap_or("?"),
+                    v["pid"],
+                    mib(v, "budget_bytes"),
+                    mib(v, "ceiling_bytes"),
+                    mib(v, "used_bytes"),
+                    mib(v, "resident_bytes"),
+                    mib(v, "process_rss_bytes"),
+                );
+                println!(
+                    "  hits {}, misses {}, evictions {}, released {}",
+                    v["hits"],
+                    v["misses"],
+                    v["evictions"],
+                    mib(v, "released_bytes")
+                );
+                if let Some(d) = v["governor"]["last_decision"].as_str() {
+                    println!("  governor: {d}");
+                }
+            }
+        }
+        CacheCommand::Release { size } => {
+            // Split over the serving processes in proportion to what their caches hold.
+            let each = ask(&Request::CacheStats)?;
+            let used: Vec<u64> = each
+                .iter()
+                .map(|v| v["used_bytes"].as_u64().unwrap_or(0))
+                .collect();
+            let total: u64 = used.iter().sum::<u64>().max(1);
+            let mut released = 0;
+            for (s, u) in sockets.iter().zip(&used) {
+                let bytes = (size.0 as u128 * *u as u128 / total as u128) as u64;
+                let r = control::request(s, &Request::CacheRelease { bytes })?;
+                released += r["released_bytes"].as_u64().unwrap_or(0);
+            }
+            println!(
+                "released {} of cache memory to the kernel (asked {})",
+                ByteSize(released),
+                size
+            );
+        }
+        CacheCommand::Budget { size } => {
+            // One host budget, shared equally by the serving processes.
+            let n = sockets.len() as u64;
+            ask(&Request::CacheBudget { bytes: size.0 / n })?;
+            if n == 1 {
+                println!("cache budget set to {size}");
+            } else {
+                println!(
+                    "cache budget set to {size}: {} for each of {n} serving processes",
+                    ByteSize(size.0 / n)
+                );
+            }
+        }
+    }
     Ok(())
 }

@@ -191,7 +191,7 @@ fn key_files_are_checked() {
 fn config_check_reports_line() {
     let c = Cli::new();
     let cfg = c.tmp.path().join("t.toml");
-    std::fs::write(&cfg, "[store]\nblock_cache = \"1G\"\nbogus = 1\n").unwrap();
+    std::fs::write(&cfg, "[cache]\nbudget = \"1G\"\nbogus = 1\n").unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tenantfs"))
         .args(["--config", cfg.to_str().unwrap(), "config", "check"])
         .output()

@@ -148,6 +148,21 @@ impl HostCache {
     }
 }
 
+impl crate::pressure::CacheBudget for HostCache {
+    fn budget(&self) -> u64 {
+        HostCache::budget(self)
+    }
+    fn used(&self) -> u64 {
+        HostCache::used(self)
+    }
+    fn set_budget(&self, bytes: u64) {
+        HostCache::set_budget(self, bytes)
+    }
+    fn tick(&self) {
+        self.rebalance()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -54,6 +54,9 @@ pub trait CacheBudget: Send + Sync {
     fn used(&self) -> u64;
     /// Applies a new budget; shrinking evicts at once and gives the memory back to the kernel.
     fn set_budget(&self, bytes: u64);
+    /// Called once per governor tick before it decides (e.g. to re-split the budget among
+    /// several caches by what they use).
+    fn tick(&self) {}
 }
 
 /// Tuning of [`Policy`]; the defaults are the numbers in the module doc.
@@ -668,6 +671,7 @@ impl Runner {
     fn tick(&mut self, triggers: Triggers) {
         let sample = self.sample(triggers);
         let shared = Arc::clone(&self.shared);
+        shared.target.tick();
         let mut stats = shared.stats();
         let ceiling = shared.ceiling.load(Ordering::Acquire);
         let budget = shared.target.budget();

@@ -102,6 +102,7 @@ pub fn wait_gone(pid: u32, timeout: Duration) -> bool {
 pub struct Host {
     pub tmp: tempfile::TempDir,
     pub data: PathBuf,
+    pub config: PathBuf,
 }
 
 impl Host {
@@ -115,6 +116,7 @@ impl Host {
         let h = Self {
             data: tmp.path().join("data"),
             tmp,
+            config: PathBuf::from("/dev/null"),
         };
         h.ok(&["init"]);
         h
@@ -124,6 +126,13 @@ impl Host {
         self.tmp.path()
     }
 
+    /// Commands from now on read this config (instead of none).
+    pub fn with_config(mut self, text: &str) -> Self {
+        self.config = self.root().join("tenantfs.toml");
+        std::fs::write(&self.config, text).unwrap();
+        self
+    }
+
     /// A new empty directory `name` in the temp dir.
     pub fn dir(&self, name: &str) -> PathBuf {
         let p = self.root().join(name);
@@ -131,7 +140,7 @@ impl Host {
         p
     }
 
-    /// `tenantfs --data-dir <data> --config /dev/null`, ready for arguments.
+    /// `tenantfs --data-dir <data> --config <config or /dev/null>`, ready for arguments.
     pub fn cmd(&self) -> Command {
         let mut c = Command::new(BIN);
         c.env_remove("CREDENTIALS_DIRECTORY")
@@ -139,7 +148,8 @@ impl Host {
             .env_remove("TENANTFS_LOG")
             .arg("--data-dir")
             .arg(&self.data)
-            .args(["--config", "/dev/null"]);
+            .arg("--config")
+            .arg(&self.config);
         c
     }
 
@@ -174,7 +184,17 @@ impl Host {
 
     /// Mounts `tenant` at `mountpoint` with `tenantfs mount` (options: `-o` list, may be empty).
     pub fn mount(&self, tenant: &str, mountpoint: &Path, options: &str) -> Mount {
-        let mut c = self.cmd();
+        self.mount_with(self.cmd(), tenant, mountpoint, options)
+    }
+
+    /// Mounts with `c` (e.g. a `self.cmd()` wrapped to start in a given cgroup).
+    pub fn mount_with(
+        &self,
+        mut c: Command,
+        tenant: &str,
+        mountpoint: &Path,
+        options: &str,
+    ) -> Mount {
         c.args(["mount", tenant]).arg(mountpoint);
         if !options.is_empty() {
             c.args(["-o", options]);

@@ -1,0 +1,328 @@
+//! The host cache as an operator meets it: `tenantfs cache stats|release|budget` acting on the
+//! process that serves a real mount, the control socket refusing other users (real peer
+//! credentials), and the governor in a real memory-capped cgroup (v1 here) with a memory hog
+//! beside the server: the cache shrinks, nothing is OOM-killed, every read stays correct.
+
+mod common;
+#[path = "common/mount.rs"]
+mod mount;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::noise;
+use mount::*;
+
+const MIB: u64 = 1 << 20;
+
+fn stats(h: &Host) -> serde_json::Value {
+    serde_json::from_str(&h.ok(&["cache", "stats", "--json"])).unwrap()
+}
+
+fn blake(path: &Path) -> blake3::Hash {
+    let mut f = std::fs::File::open(path).unwrap();
+    let mut h = blake3::Hasher::new();
+    std::io::copy(&mut f, &mut h).unwrap();
+    h.finalize()
+}
+
+/// Writes `len` bytes of noise to `rel` in a fresh mount, unmounts (so the data is flushed to
+/// SSTs, whose blocks are what the cache holds) and returns the content's hash.
+fn write_and_flush(h: &Host, tenant: &str, mp: &Path, len: usize) -> blake3::Hash {
+    let m = h.mount(tenant, mp, "");
+    let data = noise(7, len);
+    write_synced(&m.join("big"), &data);
+    m.umount();
+    blake3::hash(&data)
+}
+
+#[test]
+fn cache_commands_act_on_the_serving_process() {
+    let h = Host::new("cachecli");
+    let err = h.fails(&["cache", "stats"]);
+    assert!(
+        err.contains("no tenantfs process is serving mounts"),
+        "{err}"
+    );
+    h.create_tenant("alpha");
+    let mp = h.dir("mp");
+    let want = write_and_flush(&h, "alpha", &mp, 96 << 20);
+    let m = h.mount("alpha", &mp, "");
+    assert_eq!(blake(&m.join("big")), want);
+    let s = stats(&h);
+    let p = &s["processes"][0];
+    assert_eq!(p["pid"].as_u64(), Some(m.pid as u64), "{s}");
+    for key in [
+        "budget_bytes",
+        "used_bytes",
+        "resident_bytes",
+        "hits",
+        "misses",
+        "evictions",
+        "released_bytes",
+    ] {
+        assert!(s[key].is_u64(), "{key} missing in {s}");
+    }
+    assert_eq!(
+        s["budget_bytes"].as_u64(),
+        Some(512 * MIB),
+        "default budget: {s}"
+    );
+    assert!(
+        s["used_bytes"].as_u64().unwrap() >= 90 * MIB,
+        "the read filled the cache: {s}"
+    );
+    assert!(s["misses"].as_u64().unwrap() > 0);
+    // Read again: served from the cache.
+    assert_eq!(blake(&m.join("big")), want);
+    let s2 = stats(&h);
+    assert!(s2["hits"].as_u64() > s["hits"].as_u64(), "{s2}");
+
+    let out = h.ok(&["cache", "release", "32M"]);
+    assert!(out.contains("released"), "{out}");
+    let s3 = stats(&h);
+    let released = s3["released_bytes"].as_u64().unwrap() - s2["released_bytes"].as_u64().unwrap();
+    assert!(released >= 30 * MIB, "released only {released}: {out}");
+    assert!(s3["used_bytes"].as_u64().unwrap() + 30 * MIB <= s2["used_bytes"].as_u64().unwrap());
+    assert_eq!(
+        s3["budget_bytes"], s2["budget_bytes"],
+        "release keeps the budget"
+    );
+
+    h.ok(&["cache", "budget", "48M"]);
+    let s4 = stats(&h);
+    assert_eq!(s4["budget_bytes"].as_u64(), Some(48 * MIB), "{s4}");
+    assert_eq!(s4["ceiling_bytes"].as_u64(), Some(48 * MIB), "{s4}");
+    assert!(s4["used_bytes"].as_u64().unwrap() <= 48 * MIB, "{s4}");
+    // Reads stay right with the smaller cache.
+    assert_eq!(blake(&m.join("big")), want);
+    let text = h.ok(&["cache", "stats"]);
+    assert!(
+        text.contains("budget 48 MiB") && text.contains("tenant alpha"),
+        "{text}"
+    );
+    // Another user is told the socket is root's, not that nothing is serving.
+    let mut other = Command::new("setpriv");
+    other
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            BIN,
+            "--data-dir",
+        ])
+        .arg(&h.data)
+        .args(["cache", "stats"]);
+    let err = check_fails(&mut other);
+    assert!(err.contains("run this as root"), "{err}");
+    let bad = h.fails(&["cache", "budget", "lots"]);
+    assert!(bad.contains("invalid size"), "{bad}");
+    m.umount();
+    let err = h.fails(&["cache", "release", "1M"]);
+    assert!(
+        err.contains("no tenantfs process is serving mounts"),
+        "{err}"
+    );
+}
+
+#[test]
+fn control_socket_refuses_other_users() {
+    use tenantfs::control::{cache_handler, request, Request, Server};
+    let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+    let path = tmp.path().join("run").join("t.sock");
+    let cache = Arc::new(tenantfs::cache::HostCache::new(64 << 20));
+    let server = Server::start(&path, cache_handler(cache, None, "test".into())).unwrap();
+    let mode = |p: &Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions())
+            & 0o777
+    };
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(path.parent().unwrap()), 0o700);
+    // Root is served.
+    let v = request(&path, &Request::CacheStats).unwrap();
+    assert_eq!(v["budget_bytes"].as_u64(), Some(64 << 20));
+    // Open the file modes so that only the peer-credential check stands in the way.
+    for p in [tmp.path(), path.parent().unwrap(), &path] {
+        std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    }
+    let script = format!(
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); \
+         s.sendall(b'{{\"op\":\"cache_budget\",\"bytes\":1}}\\n'); print(s.makefile().readline())",
+        path.to_str().unwrap()
+    );
+    let out = check(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/bin/python3",
+        "-c",
+        &script,
+    ]));
+    assert!(out.contains("permission denied"), "{out}");
+    let v = request(&path, &Request::CacheStats).unwrap();
+    assert_eq!(
+        v["budget_bytes"].as_u64(),
+        Some(64 << 20),
+        "a refused request changed nothing"
+    );
+    // A second server on a live socket is refused; after drop the socket is gone.
+    assert!(Server::start(
+        &path,
+        cache_handler(
+            Arc::new(tenantfs::cache::HostCache::new(16 << 20)),
+            None,
+            "x".into()
+        )
+    )
+    .is_err());
+    drop(server);
+    assert!(!path.exists());
+}
+
+/// A v1 memory cgroup for one test: processes in it are killed and it is removed on drop.
+struct Cgroup(PathBuf);
+
+impl Cgroup {
+    fn new(name: &str, limit: u64) -> Option<Self> {
+        let root = Path::new("/sys/fs/cgroup/memory");
+        if !root.join("memory.limit_in_bytes").exists() {
+            eprintln!("no cgroup v1 memory controller here; skipped");
+            return None;
+        }
+        let dir = root.join(format!("tenantfs-{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+        Some(Self(dir))
+    }
+
+    fn file(&self, name: &str) -> String {
+        std::fs::read_to_string(self.0.join(name)).unwrap()
+    }
+
+    fn oom_kills(&self) -> u64 {
+        self.file("memory.oom_control")
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    }
+
+    /// `sh -c` that moves itself into the cgroup, then execs `prog args...`.
+    fn command(&self, prog: &str) -> Command {
+        let mut c = Command::new("sh");
+        c.args(["-c", "echo $$ > \"$0/cgroup.procs\" && exec \"$@\""])
+            .arg(&self.0)
+            .arg(prog);
+        c
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for _ in 0..50 {
+            let procs = std::fs::read_to_string(self.0.join("cgroup.procs")).unwrap_or_default();
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            if std::fs::remove_dir(&self.0).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("cleanup: cannot remove cgroup {}", self.0.display());
+    }
+}
+
+#[test]
+fn governor_shrinks_the_cache_in_a_capped_cgroup() {
+    // The server runs in a 640 MiB cgroup with a 1 GiB cache budget (above the limit). Its
+    // cache fills with 320 MiB of blocks (the governor may already hold the budget under the
+    // limit); then a memory hog in the same cgroup takes 360 MiB. The governor must shrink the
+    // cache so that the hog fits: no OOM kill, the server stays up, every read stays correct.
+    let h = Host::new("cgroup")
+        .with_config("[cache]\nbudget = \"1G\"\n[pressure]\ninterval_ms = 100\n");
+    let Some(cg) = Cgroup::new("governor", 640 * MIB) else {
+        return;
+    };
+    h.create_tenant("alpha");
+    let mp = h.dir("mp");
+    let want = write_and_flush(&h, "alpha", &mp, 320 << 20);
+    let mut c = cg.command(BIN);
+    c.env_remove("CREDENTIALS_DIRECTORY")
+        .env_remove("TENANTFS_DATA_DIR")
+        .env("TENANTFS_LOG", "tenantfs=info")
+        .arg("--data-dir")
+        .arg(&h.data)
+        .arg("--config")
+        .arg(&h.config);
+    let m = h.mount_with(c, "alpha", &mp, "");
+    let in_cgroup = cg.file("cgroup.procs");
+    assert!(
+        in_cgroup.lines().any(|l| l.trim() == m.pid.to_string()),
+        "server not in the cgroup: {in_cgroup}"
+    );
+    assert_eq!(blake(&m.join("big")), want);
+    let before = stats(&h);
+    assert!(
+        before["used_bytes"].as_u64().unwrap() >= 300 * MIB,
+        "{before}"
+    );
+    let shrinks =
+        |s: &serde_json::Value| s["processes"][0]["governor"]["shrinks"].as_u64().unwrap();
+
+    // The hog: 8 MiB more every 50 ms up to 360 MiB, each page touched; holds it 2 s.
+    let hog = cg
+        .command("python3")
+        .args([
+            "-c",
+            "import time\nheld = []\nfor _ in range(45):\n    held.append(bytearray(b'x' * (8 << 20)))\n    time.sleep(0.05)\ntime.sleep(2)\nprint('hog done')",
+        ])
+        .output()
+        .unwrap();
+    let hog_out = String::from_utf8_lossy(&hog.stdout);
+    assert!(
+        hog.status.success() && hog_out.contains("hog done"),
+        "hog died: {:?} {hog_out}",
+        hog.status
+    );
+    assert_eq!(cg.oom_kills(), 0, "something was OOM-killed");
+    assert!(alive(m.pid), "the server died");
+    let after = stats(&h);
+    assert!(
+        shrinks(&after) > shrinks(&before),
+        "the hog caused no shrink: {after}"
+    );
+    assert!(
+        after["budget_bytes"].as_u64().unwrap() < 640 * MIB,
+        "{after}"
+    );
+    assert!(
+        after["used_bytes"].as_u64().unwrap() < before["used_bytes"].as_u64().unwrap(),
+        "{after}"
+    );
+    let log = std::fs::read_to_string(h.data.join("tenants/alpha/mount.log")).unwrap_or_default();
+    assert!(
+        log.contains("cache budget shrunk"),
+        "no decision logged: {log}"
+    );
+    // Still correct, and the cache grows back towards its ceiling once the hog is gone.
+    assert_eq!(blake(&m.join("big")), want);
+    let t = Instant::now();
+    while stats(&h)["processes"][0]["governor"]["grows"]
+        .as_u64()
+        .unwrap_or(0)
+        == 0
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "budget never grew back: {}",
+            stats(&h)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    m.umount();
+}
