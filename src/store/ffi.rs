@@ -36,6 +36,21 @@ extern "C" {
         slabs: *const c_void,
     ) -> *mut sys::rocksdb_cache_t;
     fn tenantfs_lru_cache_counters(cache: *const sys::rocksdb_cache_t, out: *mut u64);
+    fn tenantfs_cache_raw_insert(
+        cache: *const sys::rocksdb_cache_t,
+        key: *const c_char,
+        key_len: usize,
+        data: *const c_char,
+        len: usize,
+    ) -> i32;
+    fn tenantfs_cache_raw_lookup(
+        cache: *const sys::rocksdb_cache_t,
+        key: *const c_char,
+        key_len: usize,
+        data: *mut *const c_char,
+        len: *mut usize,
+    ) -> *mut c_void;
+    fn tenantfs_cache_raw_release(cache: *const sys::rocksdb_cache_t, handle: *mut c_void);
     #[cfg(test)]
     fn tenantfs_cache_uses_slabs(cache: *const sys::rocksdb_cache_t) -> i32;
 }
@@ -102,6 +117,71 @@ impl SlabLruCache {
     pub(crate) fn uses_slabs(&self) -> bool {
         // SAFETY: a live cache; the shim only reads its allocator's name.
         unsafe { tenantfs_cache_uses_slabs(self.raw()) == 1 }
+    }
+}
+
+/// A raw entry found in a [`SlabLruCache`]; its bytes stay valid (pinned) until drop.
+pub(crate) struct RawHit<'a> {
+    cache: &'a SlabLruCache,
+    handle: NonNull<c_void>,
+    data: *const u8,
+    len: usize,
+}
+
+impl SlabLruCache {
+    /// Caches a copy of `data` under `key` (an entry of its own kind, not a RocksDB block).
+    pub(crate) fn raw_insert(&self, key: &[u8], data: &[u8]) -> bool {
+        // SAFETY: a live cache; both buffers are valid for their lengths for the call, and the
+        // shim copies them.
+        unsafe {
+            tenantfs_cache_raw_insert(
+                self.raw(),
+                key.as_ptr().cast(),
+                key.len(),
+                data.as_ptr().cast(),
+                data.len(),
+            ) == 0
+        }
+    }
+
+    /// Looks up an entry made by [`raw_insert`](Self::raw_insert) under `key`.
+    pub(crate) fn raw_lookup(&self, key: &[u8]) -> Option<RawHit<'_>> {
+        let mut data = std::ptr::null();
+        let mut len = 0;
+        // SAFETY: a live cache; `key` is valid for the call; the out pointers are valid for one
+        // write each. Only raw entries are ever stored under keys callers pass here (RocksDB's
+        // block keys are cache-unique ids a caller cannot name).
+        let handle = unsafe {
+            tenantfs_cache_raw_lookup(
+                self.raw(),
+                key.as_ptr().cast(),
+                key.len(),
+                &mut data,
+                &mut len,
+            )
+        };
+        NonNull::new(handle).map(|handle| RawHit {
+            cache: self,
+            handle,
+            data: data.cast(),
+            len,
+        })
+    }
+}
+
+impl std::ops::Deref for RawHit<'_> {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the handle pins the entry, whose value holds `len` bytes at `data`, until
+        // `drop` releases it; nothing writes to a cached value.
+        unsafe { std::slice::from_raw_parts(self.data, self.len) }
+    }
+}
+
+impl Drop for RawHit<'_> {
+    fn drop(&mut self) {
+        // SAFETY: a handle from a successful lookup on this cache, released exactly once.
+        unsafe { tenantfs_cache_raw_release(self.cache.raw(), self.handle.as_ptr()) }
     }
 }
 

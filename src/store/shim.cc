@@ -193,6 +193,19 @@ class CountingCache final : public CacheWrapper {
   std::shared_ptr<CacheCounters> counters_;
 };
 
+// Raw entries for benchmarks and tests of the cache itself (RocksDB's own blocks are inserted
+// by its table readers): a value is [size_t length][bytes], allocated by the cache's allocator.
+void DeleteRawEntry(Cache::ObjectPtr obj, MemoryAllocator* allocator) {
+  if (allocator != nullptr) {
+    allocator->Deallocate(obj);
+  } else {
+    std::free(obj);
+  }
+}
+
+const Cache::CacheItemHelper kRawEntryHelper{
+    ROCKSDB_NAMESPACE::CacheEntryRole::kMisc, &DeleteRawEntry};
+
 }  // namespace
 
 // Same layout as in RocksDB's db/c.cc (guarded by tests through the C API's getters).
@@ -253,6 +266,40 @@ void tenantfs_lru_cache_counters(const rocksdb_cache_t* cache, uint64_t* out) {
   out[0] = c.hits.load(std::memory_order_relaxed);
   out[1] = c.misses.load(std::memory_order_relaxed);
   out[2] = c.evictions.load(std::memory_order_relaxed);
+}
+
+// Inserts a copy of data[0..len) under key; returns 0 on success.
+int tenantfs_cache_raw_insert(const rocksdb_cache_t* cache, const char* key,
+                              size_t key_len, const char* data, size_t len) {
+  MemoryAllocator* a = cache->rep->memory_allocator();
+  size_t total = sizeof(size_t) + len;
+  char* obj = static_cast<char*>(a != nullptr ? a->Allocate(total)
+                                              : std::malloc(total));
+  std::memcpy(obj, &len, sizeof(size_t));
+  std::memcpy(obj + sizeof(size_t), data, len);
+  size_t charge = a != nullptr ? a->UsableSize(obj, total) : total;
+  Status s = cache->rep->Insert(Slice(key, key_len), obj, &kRawEntryHelper,
+                                charge);
+  return s.ok() ? 0 : -1;
+}
+
+// Looks a raw entry up; on a hit returns the handle (release it with
+// tenantfs_cache_raw_release) and sets *data and *len to its bytes.
+void* tenantfs_cache_raw_lookup(const rocksdb_cache_t* cache, const char* key,
+                                size_t key_len, const char** data,
+                                size_t* len) {
+  Cache::Handle* h = cache->rep->BasicLookup(Slice(key, key_len), nullptr);
+  if (h == nullptr) {
+    return nullptr;
+  }
+  const char* obj = static_cast<const char*>(cache->rep->Value(h));
+  std::memcpy(len, obj, sizeof(size_t));
+  *data = obj + sizeof(size_t);
+  return h;
+}
+
+void tenantfs_cache_raw_release(const rocksdb_cache_t* cache, void* handle) {
+  cache->rep->Release(static_cast<Cache::Handle*>(handle));
 }
 
 // Used by the layout test: whether the cache's blocks are allocated by the slab allocator.
