@@ -37,6 +37,16 @@ sha_out=$(sha256sum "$MNT/blob.bin" | cut -d' ' -f1)
 echo "  blob.bin sha256 before: $sha_in"
 echo "  blob.bin sha256 after:  $sha_out"
 [ "$sha_in" = "$sha_out" ] && echo "  identical"
+cat "$MNT/blob.bin" > /dev/null   # a second read: served from the host cache
+
+say "the host cache of the serving process"
+tfs cache stats
+tfs cache release 4M
+tfs cache budget 256M
+echo "+ tenantfs cache stats --json  (top-level fields)"
+"$BIN/tenantfs" --data-dir "$DATA" --config /dev/null cache stats --json | python3 -c 'import json, sys; d = json.load(sys.stdin)
+print("  " + ", ".join(f"{k}={d[k]}" for k in ("budget_bytes", "used_bytes", "resident_bytes",
+      "hits", "misses", "evictions", "released_bytes")))'
 tfs umount "$MNT"
 
 say "at rest under $DATA (encrypted RocksDB files)"

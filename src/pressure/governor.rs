@@ -15,9 +15,9 @@
 //!   memory.pressure); avg10 lags, so after a shrink it cannot shrink again for 3 ticks;
 //! - the cgroup's `high`, `max` or `oom` event counts grew (v1: memory.failcnt and
 //!   memory.oom_control `oom_kill`);
-//! - cgroup headroom (limit − current, limit = min(high, max)) below the watermark
-//!   max(64 MiB, 5 % of limit). `current` includes page cache the kernel could reclaim;
-//!   shrinking by the deficit is still the right reaction, we cannot tell it will;
+//! - cgroup headroom (limit − (current − inactive_file), limit = min(high, max)) below the
+//!   watermark max(64 MiB, 5 % of limit). Inactive page cache is what the kernel reclaims
+//!   first, so it counts as room: a cgroup full of cold page cache does not pin the cache low;
 //! - MemAvailable below max(64 MiB, 5 % of MemTotal).
 //!
 //! Decisions:
@@ -232,28 +232,35 @@ impl Policy {
                         "v2 memory.events oom",
                     )
                 };
+                // Limit hits while much inactive page cache is left are the kernel recycling
+                // page cache, not a shortage (OOM events always count).
+                let recycling = cgroup_limit(cg).is_some_and(|limit| {
+                    cg.inactive_file > 0
+                        && limit.saturating_sub(cg.unreclaimable()) >= 4 * self.watermark(limit)
+                });
                 for (name, now, before) in [
                     (high, cg.high_events, prev.high_events),
                     (max, cg.max_events, prev.max_events),
                     (oom, cg.oom_events, prev.oom_events),
                 ] {
                     // A counter that went down belongs to a new cgroup: no delta.
-                    if now > before {
+                    if now > before && !(recycling && name != oom) {
                         reasons.push(format!("{name} +{}", now - before));
                     }
                 }
             }
             if let Some(limit) = cgroup_limit(cg) {
                 let wm = self.watermark(limit);
-                let headroom = limit.saturating_sub(cg.current);
+                let headroom = limit.saturating_sub(cg.unreclaimable());
                 if headroom < wm {
                     need = need.max(2 * wm - headroom);
                     reasons.push(format!(
-                        "cgroup headroom {} < {} watermark (usage {} of limit {})",
+                        "cgroup headroom {} < {} watermark (usage {} of limit {}, {} of it inactive page cache)",
                         Bytes(headroom),
                         Bytes(wm),
                         Bytes(cg.current),
-                        Bytes(limit)
+                        Bytes(limit),
+                        Bytes(cg.inactive_file)
                     ));
                 }
             }
@@ -284,7 +291,7 @@ impl Policy {
     fn grow_cap(&self, s: &Sample, used: u64) -> Option<u64> {
         let cgroup = s.cgroup.as_ref().and_then(|cg| {
             let limit = cgroup_limit(cg)?;
-            let room = limit.saturating_sub(cg.current);
+            let room = limit.saturating_sub(cg.unreclaimable());
             Some((used + room).saturating_sub(2 * self.watermark(limit)))
         });
         let host = s
@@ -728,6 +735,7 @@ mod tests {
                 high_events: events.0,
                 max_events: events.1,
                 oom_events: events.2,
+                inactive_file: 0,
             }),
             ..Sample::default()
         }
@@ -789,6 +797,19 @@ mod tests {
     }
 
     #[test]
+    fn inactive_page_cache_counts_as_room() {
+        // 1000 MiB used of 1 GiB, but 300 MiB of it is inactive page cache the kernel reclaims
+        // first: 324 MiB of headroom, no pressure, and room to grow.
+        let mut s = v2(1000 * MIB, Some(GIB), None, (0, 0, 0));
+        if let Some(cg) = s.cgroup.as_mut() {
+            cg.inactive_file = 300 * MIB;
+        }
+        let mut p = Policy::new(PolicyConfig::default());
+        assert_eq!(p.decide(&s, 512 * MIB, 400 * MIB, 2 * GIB), Decision::Keep);
+        assert!(p.pressure().is_none());
+    }
+
+    #[test]
     fn shrinks_by_the_headroom_deficit() {
         let mut p = Policy::new(PolicyConfig::default());
         // limit 1 GiB: watermark max(64 MiB, 51 MiB); headroom 24 MiB; need 2*64-24 = 104 MiB.
@@ -809,7 +830,7 @@ mod tests {
         );
         assert!(
             reason(&d)
-                .contains("headroom 10 MiB < 64 MiB watermark (usage 790 MiB of limit 800 MiB)"),
+                .contains("headroom 10 MiB < 64 MiB watermark (usage 790 MiB of limit 800 MiB"),
             "{d:?}"
         );
         // A large limit scales the watermark: 5% of 4 GiB = 204.8 MiB.
@@ -854,6 +875,19 @@ mod tests {
         // Counters that went down (a new cgroup) are no pressure.
         let d = p.decide(&v2(0, None, None, (0, 0, 0)), GIB, GIB, GIB);
         assert_eq!((d, p.pressure()), (Decision::Keep, None));
+        // Limit hits of a cgroup full of inactive page cache are reclaim, not pressure...
+        let full_of_cache = |events| {
+            let mut s = v2(GIB, Some(GIB), None, events);
+            s.cgroup.as_mut().unwrap().inactive_file = 600 * MIB;
+            s
+        };
+        let mut p = Policy::new(PolicyConfig::default());
+        p.decide(&full_of_cache((0, 10, 0)), 256 * MIB, 256 * MIB, GIB);
+        let d = p.decide(&full_of_cache((0, 90, 0)), 256 * MIB, 256 * MIB, GIB);
+        assert_eq!((d, p.pressure()), (Decision::Keep, None));
+        // ...but an OOM event still is.
+        let d = p.decide(&full_of_cache((0, 95, 1)), 256 * MIB, 256 * MIB, GIB);
+        assert!(reason(&d).contains("oom +1"), "{d:?}");
     }
 
     #[test]

@@ -48,6 +48,16 @@ pub struct CgroupState {
     pub max_events: u64,
     /// OOM events (v2 memory.events `oom`; v1 memory.oom_control `oom_kill`).
     pub oom_events: u64,
+    /// Inactive file pages (memory.stat `inactive_file`, v1 `total_inactive_file`): page
+    /// cache the kernel reclaims before it runs out, counted in `current` all the same.
+    pub inactive_file: u64,
+}
+
+impl CgroupState {
+    /// Usage the cgroup cannot shed by reclaiming inactive page cache.
+    pub fn unreclaimable(&self) -> u64 {
+        self.current.saturating_sub(self.inactive_file)
+    }
 }
 
 /// Total and available memory of the host (/proc/meminfo), in bytes.
@@ -209,6 +219,10 @@ impl CgroupMemory {
                     .ok()
                     .and_then(|t| parse_keyed(&t, "oom_kill"))
                     .unwrap_or(0),
+                inactive_file: read(&dir.join("memory.stat"))
+                    .ok()
+                    .and_then(|t| parse_keyed(&t, "total_inactive_file"))
+                    .unwrap_or(0),
                 ..CgroupState::default()
             }),
             CgroupMemory::V2(_) => {
@@ -222,6 +236,10 @@ impl CgroupMemory {
                     high_events,
                     max_events,
                     oom_events: parse_keyed(&text, "oom").unwrap_or(0),
+                    inactive_file: read(&dir.join("memory.stat"))
+                        .ok()
+                        .and_then(|t| parse_keyed(&t, "inactive_file"))
+                        .unwrap_or(0),
                 })
             }
         }
@@ -301,7 +319,17 @@ mod tests {
                 high_events: 0,
                 max_events: 7,
                 oom_events: 2,
+                inactive_file: 0,
             }
+        );
+        w(
+            "memory.stat",
+            "cache 10\ninactive_file 5\ntotal_inactive_file 4096\n",
+        );
+        let s = CgroupMemory::V1(dir.path().to_owned()).state().unwrap();
+        assert_eq!(
+            (s.inactive_file, s.unreclaimable()),
+            (4096, (200 << 20) - 4096)
         );
         // Counters are optional; usage and limit are not.
         std::fs::remove_file(dir.path().join("memory.failcnt")).unwrap();
@@ -330,7 +358,16 @@ mod tests {
                 high_events: 0,
                 max_events: 2,
                 oom_events: 0,
+                inactive_file: 0,
             }
+        );
+        w("memory.stat", "anon 100\nfile 300\ninactive_file 200\n");
+        assert_eq!(
+            CgroupMemory::V2(dir.path().to_owned())
+                .state()
+                .unwrap()
+                .inactive_file,
+            200
         );
         w("memory.current", "garbage");
         let e = CgroupMemory::V2(dir.path().to_owned()).state().unwrap_err();
