@@ -1248,6 +1248,57 @@ mod live_tests {
         assert_eq!(json["ceiling_bytes"], GIB);
     }
 
+    #[test]
+    fn v2_fixture_files_drive_the_governor_thread() {
+        // A v2 cgroup as files: the thread reads them each tick like the live ones.
+        let fixture = roomy_v2_fixture();
+        let w = |n: &str, v: String| std::fs::write(fixture.path().join(n), v).unwrap();
+        w("memory.max", format!("{}\n", 2 * GIB));
+        let config = GovernorConfig {
+            interval: Duration::from_millis(50),
+            cgroup: Some(CgroupMemory::V2(fixture.path().to_owned())),
+            psi_triggers: false,
+            ..GovernorConfig::default()
+        };
+        let cache = TestCache::new(GIB, GIB);
+        let gov = Governor::start(cache.clone(), GIB, config).unwrap();
+        // Usage close to memory.max: the budget must drop.
+        w("memory.current", format!("{}\n", 2 * GIB - 20 * MIB));
+        assert!(
+            wait_for(Duration::from_secs(3), || cache.budget() < GIB),
+            "{:?}",
+            gov.stats()
+        );
+        let after_headroom = cache.budget();
+        assert!(gov
+            .stats()
+            .last_decision
+            .is_some_and(|d| d.contains("cgroup headroom")));
+        // Room again, then a memory.max event: another shrink, for that reason.
+        w("memory.current", format!("{}\n", 100 * MIB));
+        std::thread::sleep(Duration::from_millis(150));
+        w(
+            "memory.events",
+            "low 0\nhigh 0\nmax 3\noom 0\noom_kill 0\n".into(),
+        );
+        assert!(
+            wait_for(Duration::from_secs(3), || gov
+                .stats()
+                .last_decision
+                .is_some_and(|d| d.contains("memory.events max +3"))),
+            "{:?}",
+            gov.stats()
+        );
+        assert!(cache.budget() < after_headroom);
+        // Calm and roomy: it grows back to the ceiling.
+        assert!(
+            wait_for(Duration::from_secs(10), || cache.budget() == GIB),
+            "{:?}",
+            gov.stats()
+        );
+        assert!(gov.stats().grows >= 1);
+    }
+
     /// A scratch v1 memory cgroup with a memory hog in it; removed on drop, even on failure.
     struct HogCgroup {
         dir: PathBuf,
