@@ -150,6 +150,7 @@ mod asan {
     extern "C" {
         fn __asan_poison_memory_region(addr: *const c_void, size: usize);
         fn __asan_unpoison_memory_region(addr: *const c_void, size: usize);
+        fn __asan_address_is_poisoned(addr: *const c_void) -> i32;
     }
 
     pub(super) fn poison(p: NonNull<u8>, len: usize) {
@@ -161,6 +162,12 @@ mod asan {
     pub(super) fn unpoison(p: NonNull<u8>, len: usize) {
         // SAFETY: as in `poison`.
         unsafe { __asan_unpoison_memory_region(p.as_ptr().cast(), len) }
+    }
+
+    #[cfg(test)]
+    pub(super) fn is_poisoned(p: *const u8) -> bool {
+        // SAFETY: only reads ASan's shadow memory for the address; `p` is not dereferenced.
+        unsafe { __asan_address_is_poisoned(p.cast()) != 0 }
     }
 }
 
@@ -561,6 +568,25 @@ mod tests {
         let c = a.alloc(100).unwrap();
         assert!(c.iter().all(|&x| x == 0));
         drop((keep, c));
+    }
+
+    /// `make asan` only: free slots are poisoned, live ones are not (past `len` is).
+    #[cfg(feature = "asan")]
+    #[test]
+    fn free_slots_are_poisoned_for_asan() {
+        let a = SlabAllocator::new();
+        let keep = a.alloc(4096).unwrap(); // keeps the slab mapped
+        let b = a.alloc(4000).unwrap();
+        let p = b.as_ptr();
+        assert!(!asan::is_poisoned(p));
+        assert!(!asan::is_poisoned(p.wrapping_add(3999)));
+        assert!(
+            asan::is_poisoned(p.wrapping_add(4000)),
+            "past the allocation"
+        );
+        drop(b);
+        assert!(asan::is_poisoned(p), "a free slot is not poisoned");
+        drop(keep);
     }
 
     #[test]
