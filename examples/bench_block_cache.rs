@@ -1,7 +1,13 @@
-//! The host block cache (slab-backed values) against foyer's in-memory cache holding Vec<u8>
-//! (malloc-backed values), same eviction (S3-FIFO), same shards, in one run:
-//!   1. hit latency: get + drop of the handle, p50/p99 per operation, timer cost subtracted;
-//!   2. memory given back: fill 512 MiB, empty the cache, how far RSS falls;
+//! Three caches of 4 KiB blocks, same keys, same budget, in one run:
+//!   - tenantfs `BlockCache`: foyer S3-FIFO, values in slab slots;
+//!   - RocksDB's LRU cache on the same slab allocator (`store::RocksBlockCache`, raw entries);
+//!   - foyer's in-memory cache holding `Vec<u8>` (S3-FIFO, 8 shards, glibc malloc): the default
+//!     allocator.
+//!
+//! Measured:
+//!   1. hit latency: lookup + release of the handle, p50/p99 per operation (batch means), timer
+//!      cost subtracted, rounds interleaved with a rotating order;
+//!   2. memory given back: fill 512 MiB of blocks, empty the cache (budget 0), how far RSS falls;
 //!   3. minor page faults per inserted block.
 //!
 //! usage: cargo run --release --example bench_block_cache [-- HIT_OPS]
@@ -11,9 +17,25 @@ use std::time::Instant;
 
 use foyer::{Cache, CacheBuilder, S3FifoConfig};
 use nix::sys::resource::{getrusage, UsageWho};
-use tenantfs::cache::{BlockCache, BlockHash};
+use tenantfs::cache::{BlockCache, BlockHash, SlabAllocator};
+use tenantfs::store::RocksBlockCache;
 
 const BLOCK: usize = 4096;
+/// Hit test: 64 MiB of blocks under a 256 MiB budget. RocksDB's raw entries carry an 8-byte
+/// length header, so each 4 KiB block takes an 8 KiB slot and is charged 8 KiB plus metadata:
+/// a 128 MiB budget would evict part of the 64 MiB there. 256 MiB keeps every lookup a hit in
+/// all three caches.
+const HIT_DATA: usize = 64 << 20;
+const HIT_BUDGET: usize = 256 << 20;
+/// Fill test: 512 MiB of blocks under a 2 GiB budget (same reason: no cache evicts while filling).
+const FILL_DATA: usize = 512 << 20;
+const FILL_BUDGET: usize = 2 << 30;
+
+const NAMES: [&str; 3] = [
+    "tenantfs BlockCache (foyer S3-FIFO, slab values)",
+    "RocksDB LRU cache (slab values)",
+    "foyer Cache<_, Vec<u8>> (glibc malloc)",
+];
 
 fn rss() -> i64 {
     tenantfs::cache::process_rss_bytes().unwrap() as i64
@@ -65,14 +87,16 @@ fn main() {
     let ops: usize = std::env::args()
         .nth(1)
         .map_or(2_000_000, |s| s.parse().unwrap());
-    let n = (64usize << 20) / BLOCK; // 64 MiB of blocks: all hits
+    let n = HIT_DATA / BLOCK; // all hits
     let data = vec![0x5au8; BLOCK];
 
     // 1. Hit latency.
-    let ours = BlockCache::builder(128 << 20).build();
-    let theirs = foyer_cache(128 << 20);
+    let ours = BlockCache::builder(HIT_BUDGET).build();
+    let rocks = RocksBlockCache::new(HIT_BUDGET, &SlabAllocator::new());
+    let theirs = foyer_cache(HIT_BUDGET);
     for i in 0..n as u64 {
         ours.insert(key(i), &data).unwrap();
+        assert!(rocks.insert_raw(&key(i), &data));
         theirs.insert(key(i), data.clone());
     }
     let timer = {
@@ -81,72 +105,111 @@ fn main() {
         });
         percentiles(ns, 0).0 as u64
     };
-    // Interleave rounds, alternating which goes first, so machine noise hits both alike.
-    let (mut a, mut b) = (Vec::new(), Vec::new());
-    for round in 0..4 {
-        for ours_now in [round % 2 == 0, round % 2 == 1] {
-            if ours_now {
-                a.extend(time_hits(ops / 4, n as u64, |k| {
+    // Interleave rounds, rotating which cache goes first (each goes first, second and third
+    // twice), so machine noise hits all alike.
+    const ROUNDS: usize = 6;
+    let mut samples: [Vec<u64>; 3] = Default::default();
+    for round in 0..ROUNDS {
+        for slot in 0..3 {
+            let which = (round + slot) % 3;
+            let ns = match which {
+                0 => time_hits(ops / ROUNDS, n as u64, |k| {
                     black_box(ours.get(k).expect("hit"));
-                }));
-            } else {
-                b.extend(time_hits(ops / 4, n as u64, |k| {
+                }),
+                1 => time_hits(ops / ROUNDS, n as u64, |k| {
+                    black_box(rocks.with_raw(k, |b| black_box(b.as_ptr())).expect("hit"));
+                }),
+                _ => time_hits(ops / ROUNDS, n as u64, |k| {
                     black_box(theirs.get(k).expect("hit"));
-                }));
-            }
+                }),
+            };
+            samples[which].extend(ns);
         }
     }
-    let (a50, a99) = percentiles(a, timer);
-    let (b50, b99) = percentiles(b, timer);
+    let [(o50, o99), (r50, r99), (f50, f99)] = samples.map(|s| percentiles(s, timer));
+    let s = (ours.stats(), rocks.stats());
+    assert_eq!(s.0.misses + s.1.misses, 0, "a hit test that missed: {s:?}");
     println!(
-        "hit latency, {ops} gets of 4 KiB blocks (64 MiB cached), timer cost {timer} ns subtracted"
+        "hit latency: {ops} lookups per cache of 4 KiB blocks ({} MiB cached, {} MiB budget), \
+         batches of {BATCH}, {ROUNDS} rotating rounds, timer cost {timer} ns subtracted",
+        HIT_DATA >> 20,
+        HIT_BUDGET >> 20
     );
-    println!("| cache | p50 ns | p99 ns |");
+    println!("| cache | hit p50 ns | hit p99 ns |");
     println!("|---|---:|---:|");
-    println!("| tenantfs BlockCache (slab values) | {a50:.0} | {a99:.0} |");
-    println!("| foyer Cache<_, Vec<u8>> | {b50:.0} | {b99:.0} |");
-    println!("| **tenantfs / foyer (p50)** | **{:.2}** | |", a50 / b50);
+    println!("| {} | {o50:.0} | {o99:.0} |", NAMES[0]);
+    println!("| {} | {r50:.0} | {r99:.0} |", NAMES[1]);
+    println!("| {} | {f50:.0} | {f99:.0} |", NAMES[2]);
+    println!(
+        "| **BlockCache / foyer** | **{:.2}** | **{:.2}** |",
+        o50 / f50,
+        o99 / f99
+    );
+    println!(
+        "| **BlockCache / RocksDB LRU** | **{:.2}** | **{:.2}** |",
+        o50 / r50,
+        o99 / r99
+    );
     drop(ours);
+    drop(rocks);
     drop(theirs);
 
-    // 2 and 3. Memory back, faults per block: 512 MiB of blocks, then empty the cache.
-    let fill = (512usize << 20) / BLOCK;
+    // 2 and 3. Memory back, faults per block: 512 MiB of blocks, then empty the cache. The
+    // malloc-backed cache goes last: memory glibc keeps after it empties would otherwise be
+    // reused by (and hidden from) a later cache's fill.
+    let fill = FILL_DATA / BLOCK;
     println!();
-    println!("fill 512 MiB of 4 KiB blocks, then empty the cache");
-    println!("| cache | RSS after fill MiB | RSS fall when emptied MiB | fall / filled | minor faults per block |");
-    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "fill {} MiB of 4 KiB blocks ({} MiB budget), then empty the cache (budget 0); \
+         in this order",
+        FILL_DATA >> 20,
+        FILL_BUDGET >> 20
+    );
+    println!(
+        "| cache | RSS after fill MiB | RSS fall when emptied MiB | fall / data filled | \
+         fall / RSS grown | minor faults per block |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    let report = |name: &str, (r0, f0): (i64, i64), (r1, f1): (i64, i64), r2: i64| {
+        println!(
+            "| {name} | {} | {} | {:.2} | {:.2} | {:.2} |",
+            (r1 - r0) >> 20,
+            (r1 - r2) >> 20,
+            (r1 - r2) as f64 / FILL_DATA as f64,
+            (r1 - r2) as f64 / (r1 - r0) as f64,
+            (f1 - f0) as f64 / fill as f64
+        );
+    };
     {
-        let ours = BlockCache::builder(1 << 30).build();
-        let (r0, f0) = (rss(), minor_faults());
+        let ours = BlockCache::builder(FILL_BUDGET).build();
+        let before = (rss(), minor_faults());
         for i in 0..fill as u64 {
             ours.insert(key(i), &data).unwrap();
         }
-        let (r1, f1) = (rss(), minor_faults());
+        let filled = (rss(), minor_faults());
+        assert_eq!(ours.stats().evictions, 0);
         ours.set_budget(0).unwrap();
-        let r2 = rss();
-        println!(
-            "| tenantfs BlockCache (slab values) | {} | {} | {:.2} | {:.2} |",
-            (r1 - r0) >> 20,
-            (r1 - r2) >> 20,
-            (r1 - r2) as f64 / (512 << 20) as f64,
-            (f1 - f0) as f64 / fill as f64
-        );
+        report(NAMES[0], before, filled, rss());
     }
     {
-        let theirs = foyer_cache(1 << 30);
-        let (r0, f0) = (rss(), minor_faults());
+        let rocks = RocksBlockCache::new(FILL_BUDGET, &SlabAllocator::new());
+        let before = (rss(), minor_faults());
+        for i in 0..fill as u64 {
+            assert!(rocks.insert_raw(&key(i), &data));
+        }
+        let filled = (rss(), minor_faults());
+        assert_eq!(rocks.stats().evictions, 0);
+        rocks.set_capacity(0);
+        report(NAMES[1], before, filled, rss());
+    }
+    {
+        let theirs = foyer_cache(FILL_BUDGET);
+        let before = (rss(), minor_faults());
         for i in 0..fill as u64 {
             theirs.insert(key(i), data.clone());
         }
-        let (r1, f1) = (rss(), minor_faults());
+        let filled = (rss(), minor_faults());
         theirs.resize(0).unwrap();
-        let r2 = rss();
-        println!(
-            "| foyer Cache<_, Vec<u8>> (glibc malloc) | {} | {} | {:.2} | {:.2} |",
-            (r1 - r0) >> 20,
-            (r1 - r2) >> 20,
-            (r1 - r2) as f64 / (512 << 20) as f64,
-            (f1 - f0) as f64 / fill as f64
-        );
+        report(NAMES[2], before, filled, rss());
     }
 }

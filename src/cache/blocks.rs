@@ -6,8 +6,10 @@
 //! the cache and its last handle drops, its memory goes back to the kernel: shrinking the
 //! budget ([`BlockCache::set_budget`], [`BlockCache::release`]) shrinks the process.
 
+use std::cell::Cell;
+use std::hash::{BuildHasher, Hasher};
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use foyer::{Cache, CacheBuilder, CacheEntry, Event, EventListener, S3FifoConfig};
@@ -42,6 +44,78 @@ pub struct BlockCacheStats {
     pub released_bytes: u64,
 }
 
+/// Hashes a [`BlockHash`] to its first 8 bytes. The key is already a uniformly random BLAKE3
+/// digest, so hashing it again (foyer's default is XxHash64) is wasted work on every lookup.
+#[derive(Clone, Copy, Debug, Default)]
+struct BlockHashBuilder;
+
+impl BuildHasher for BlockHashBuilder {
+    type Hasher = BlockHasher;
+    fn build_hasher(&self) -> BlockHasher {
+        BlockHasher(0)
+    }
+}
+
+/// The hasher of [`BlockHashBuilder`].
+#[derive(Clone, Copy, Debug, Default)]
+struct BlockHasher(u64);
+
+impl Hasher for BlockHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    /// A `[u8; 32]` hashes as its length (`write_usize`, ignored below) then one write of its
+    /// bytes: keep 8 of them. Shorter writes are folded in so other keys still hash.
+    fn write(&mut self, bytes: &[u8]) {
+        let mut word = [0u8; 8];
+        let n = bytes.len().min(8);
+        word[..n].copy_from_slice(&bytes[..n]);
+        self.0 = self.0.rotate_left(29) ^ u64::from_le_bytes(word);
+    }
+
+    fn write_usize(&mut self, _len: usize) {}
+}
+
+/// Stripes of the hit counter (a power of two).
+const HIT_STRIPES: usize = 16;
+
+/// One stripe of the hit counter, alone on its cache line.
+#[derive(Default)]
+#[repr(align(64))]
+struct HitStripe(AtomicU64);
+
+static NEXT_STRIPE: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// This thread's hit stripe (`usize::MAX` until its first hit), the same in every cache.
+    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// The hit counter, striped by thread: each thread adds to its own stripe (threads are dealt
+/// stripes in turn), so reader threads do not all write one cache line, and `sum` adds the
+/// stripes up. Hits are the hot path of every read.
+#[derive(Default)]
+struct HitCounter([HitStripe; HIT_STRIPES]);
+
+impl HitCounter {
+    #[inline]
+    fn add(&self) {
+        let mut stripe = STRIPE.get();
+        if stripe == usize::MAX {
+            stripe = NEXT_STRIPE.fetch_add(1, Ordering::Relaxed) % HIT_STRIPES;
+            STRIPE.set(stripe);
+        }
+        self.0[stripe % HIT_STRIPES]
+            .0
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn sum(&self) -> u64 {
+        self.0.iter().map(|s| s.0.load(Ordering::Relaxed)).sum()
+    }
+}
+
 #[derive(Default)]
 struct Evictions(AtomicU64);
 
@@ -56,7 +130,7 @@ impl EventListener for Evictions {
 }
 
 /// A handle to a cached block: derefs to its bytes; keeps them alive while held.
-pub struct BlockRef(CacheEntry<BlockHash, SlabBox>);
+pub struct BlockRef(CacheEntry<BlockHash, SlabBox, BlockHashBuilder>);
 
 impl Deref for BlockRef {
     type Target = [u8];
@@ -92,12 +166,13 @@ impl BlockCacheBuilder {
             .with_eviction_config(S3FifoConfig::default())
             .with_weighter(|_: &BlockHash, v: &SlabBox| v.footprint())
             .with_event_listener(evictions.clone())
+            .with_hash_builder(BlockHashBuilder)
             .build();
         BlockCache {
             cache,
             slab: self.slabs.unwrap_or_default(),
             budget: AtomicU64::new(self.budget as u64),
-            hits: AtomicU64::new(0),
+            hits: HitCounter::default(),
             misses: AtomicU64::new(0),
             inserts: AtomicU64::new(0),
             evictions,
@@ -107,10 +182,10 @@ impl BlockCacheBuilder {
 
 /// The host-wide cache of decoded blocks.
 pub struct BlockCache {
-    cache: Cache<BlockHash, SlabBox>,
+    cache: Cache<BlockHash, SlabBox, BlockHashBuilder>,
     slab: SlabAllocator,
     budget: AtomicU64,
-    hits: AtomicU64,
+    hits: HitCounter,
     misses: AtomicU64,
     inserts: AtomicU64,
     evictions: Arc<Evictions>,
@@ -129,7 +204,7 @@ impl BlockCache {
     pub fn get(&self, hash: &BlockHash) -> Option<BlockRef> {
         match self.cache.get(hash) {
             Some(e) => {
-                self.hits.fetch_add(1, Ordering::Relaxed);
+                self.hits.add();
                 Some(BlockRef(e))
             }
             None => {
@@ -197,7 +272,7 @@ impl BlockCache {
             budget_bytes: self.budget.load(Ordering::Relaxed),
             used_bytes: self.cache.usage() as u64,
             entries: self.cache.entries() as u64,
-            hits: self.hits.load(Ordering::Relaxed),
+            hits: self.hits.sum(),
             misses: self.misses.load(Ordering::Relaxed),
             inserts: self.inserts.load(Ordering::Relaxed),
             evictions: self.evictions.0.load(Ordering::Relaxed),
@@ -235,6 +310,35 @@ mod tests {
         assert!(s.evictions > 0, "{s:?}");
         assert!(s.used_bytes <= 64 * 4096, "{s:?}");
         assert_eq!(s.live_bytes, s.used_bytes, "evicted blocks keep no memory");
+    }
+
+    #[test]
+    fn a_block_hash_hashes_to_its_first_8_bytes() {
+        let (h, _) = block(3);
+        let first = u64::from_le_bytes(h[..8].try_into().unwrap());
+        assert_eq!(BlockHashBuilder.hash_one(h), first);
+    }
+
+    #[test]
+    fn hits_from_many_threads_add_up() {
+        let c = BlockCache::builder(64 * 4096).build();
+        let blocks: Vec<_> = (0..16).map(block).collect();
+        for (h, d) in &blocks {
+            c.insert(*h, d).unwrap();
+        }
+        std::thread::scope(|s| {
+            for t in 0..20 {
+                let (c, blocks) = (&c, &blocks);
+                s.spawn(move || {
+                    for i in 0..1000 {
+                        let (h, d) = &blocks[(t + i) % blocks.len()];
+                        assert_eq!(&*c.get(h).unwrap(), &d[..]);
+                    }
+                });
+            }
+        });
+        let s = c.stats();
+        assert_eq!((s.hits, s.misses, s.entries), (20 * 1000, 0, 16), "{s:?}");
     }
 
     #[test]

@@ -194,13 +194,21 @@ class CountingCache final : public CacheWrapper {
 };
 
 // Raw entries for benchmarks and tests of the cache itself (RocksDB's own blocks are inserted
-// by its table readers): a value is [size_t length][bytes], allocated by the cache's allocator.
+// by its table readers): the bytes in an allocation of exactly their length (so a 4 KiB block
+// takes a 4 KiB slot), described by a small RawEntry on the heap.
+struct RawEntry {
+  char* data;
+  size_t len;
+};
+
 void DeleteRawEntry(Cache::ObjectPtr obj, MemoryAllocator* allocator) {
+  auto* e = static_cast<RawEntry*>(obj);
   if (allocator != nullptr) {
-    allocator->Deallocate(obj);
+    allocator->Deallocate(e->data);
   } else {
-    std::free(obj);
+    std::free(e->data);
   }
+  delete e;
 }
 
 const Cache::CacheItemHelper kRawEntryHelper{
@@ -272,13 +280,13 @@ void tenantfs_lru_cache_counters(const rocksdb_cache_t* cache, uint64_t* out) {
 int tenantfs_cache_raw_insert(const rocksdb_cache_t* cache, const char* key,
                               size_t key_len, const char* data, size_t len) {
   MemoryAllocator* a = cache->rep->memory_allocator();
-  size_t total = sizeof(size_t) + len;
-  char* obj = static_cast<char*>(a != nullptr ? a->Allocate(total)
-                                              : std::malloc(total));
-  std::memcpy(obj, &len, sizeof(size_t));
-  std::memcpy(obj + sizeof(size_t), data, len);
-  size_t charge = a != nullptr ? a->UsableSize(obj, total) : total;
-  Status s = cache->rep->Insert(Slice(key, key_len), obj, &kRawEntryHelper,
+  auto* e = new RawEntry{
+      static_cast<char*>(a != nullptr ? a->Allocate(len) : std::malloc(len)),
+      len};
+  std::memcpy(e->data, data, len);
+  size_t charge =
+      (a != nullptr ? a->UsableSize(e->data, len) : len) + sizeof(RawEntry);
+  Status s = cache->rep->Insert(Slice(key, key_len), e, &kRawEntryHelper,
                                 charge);
   return s.ok() ? 0 : -1;
 }
@@ -292,9 +300,9 @@ void* tenantfs_cache_raw_lookup(const rocksdb_cache_t* cache, const char* key,
   if (h == nullptr) {
     return nullptr;
   }
-  const char* obj = static_cast<const char*>(cache->rep->Value(h));
-  std::memcpy(len, obj, sizeof(size_t));
-  *data = obj + sizeof(size_t);
+  const auto* e = static_cast<const RawEntry*>(cache->rep->Value(h));
+  *data = e->data;
+  *len = e->len;
   return h;
 }
 
