@@ -5,6 +5,7 @@
 //! ([`tenants`]) creates, lists, opens and deletes tenants. See ARCHITECTURE.md for the data
 //! flow and on-disk format.
 
+pub mod base;
 pub mod cache;
 pub mod config;
 pub mod control;

@@ -62,9 +62,35 @@ enum Command {
     /// Check the config file.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Import, list, verify and delete shared base images.
+    #[command(subcommand)]
+    Base(BaseCommand),
     /// Inspect and steer the host cache of the process serving the mounts.
     #[command(subcommand)]
     Cache(CacheCommand),
+}
+
+#[derive(Subcommand)]
+enum BaseCommand {
+    /// Import a directory tree or a raw disk image as base NAME (each distinct block stored
+    /// once per host).
+    Import {
+        name: String,
+        source: PathBuf,
+        /// Block size (power of two, 4K..1M); tenants from this base use it.
+        #[arg(long, default_value = "4096")]
+        block_size: ByteSize,
+    },
+    /// List bases with their logical and unique bytes, and host totals.
+    List {
+        /// Print a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read back every stored block and check it.
+    Verify,
+    /// Delete base NAME (blocks no other base holds become garbage for `base gc`).
+    Delete { name: String },
 }
 
 #[derive(Subcommand)]
@@ -150,6 +176,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Umount { mountpoint } => umount(&cli.data_dir, mountpoint),
         Command::Cache(c) => cache_command(&cli.data_dir, c),
+        Command::Base(c) => base_command(&cli, c),
     }
 }
 
@@ -363,6 +390,95 @@ fn config_check(path: Option<&Path>) -> Result<()> {
             "off".into()
         }
     );
+    Ok(())
+}
+
+fn base_command(cli: &Cli, cmd: &BaseCommand) -> Result<()> {
+    use tenantfs::base::{BaseStore, Progress};
+    let config = Config::load(cli.config.as_deref())?;
+    let data = DataDir::open(&cli.data_dir, cli.master_key.as_deref())?;
+    let host = config.store_host(None);
+    let store = BaseStore::open(&data, &host)?;
+    match cmd {
+        BaseCommand::Import {
+            name,
+            source,
+            block_size,
+        } => {
+            let bs = u32::try_from(block_size.0).unwrap_or(0);
+            let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let started = std::time::Instant::now();
+            let mut show = |p: Progress| {
+                if tty && p.total_bytes > 0 {
+                    eprint!(
+                        "\rimporting {name}: {:>3}% ({} of {} MiB)",
+                        p.done_bytes * 100 / p.total_bytes,
+                        p.done_bytes >> 20,
+                        p.total_bytes >> 20
+                    );
+                }
+            };
+            let info = store
+                .import(name, source, bs, &mut show)
+                .with_context(|| format!("cannot import base {name}"))?;
+            if tty {
+                eprintln!();
+            }
+            println!(
+                "imported base {} from {}: {} entries, {} logical, {} unique, in {:.1} s",
+                info.name,
+                source.display(),
+                info.files,
+                ByteSize(info.logical_bytes),
+                ByteSize(info.unique_bytes),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        BaseCommand::List { json } => {
+            let list = store.list()?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+                return Ok(());
+            }
+            println!(
+                "{:<24} {:>6} {:>14} {:>14} {:>8}",
+                "NAME", "KIND", "LOGICAL", "UNIQUE", "TENANTS"
+            );
+            for b in &list.bases {
+                println!(
+                    "{:<24} {:>6} {:>14} {:>14} {:>8}",
+                    b.name,
+                    format!("{:?}", b.kind).to_lowercase(),
+                    b.logical_bytes,
+                    b.unique_bytes,
+                    b.tenants.len()
+                );
+            }
+            println!(
+                "host: {} logical, {} stored, {} in packs",
+                list.host.logical_bytes, list.host.stored_bytes, list.host.pack_bytes
+            );
+        }
+        BaseCommand::Verify => {
+            let r = store.verify()?;
+            for b in &r.bad {
+                eprintln!("damaged: {b}");
+            }
+            if !r.is_clean() {
+                anyhow::bail!(
+                    "{} of {} blocks damaged, {} block references without a block; restore the data dir from a backup",
+                    r.bad.len(),
+                    r.blocks,
+                    r.missing
+                );
+            }
+            println!("verified {} blocks: all intact", r.blocks);
+        }
+        BaseCommand::Delete { name } => {
+            store.delete(name)?;
+            println!("deleted base {name}");
+        }
+    }
     Ok(())
 }
 

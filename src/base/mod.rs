@@ -1,0 +1,71 @@
+//! Content-addressed base images, stored once per host.
+//!
+//! Most of what tenants read is the same base image. `import` cuts a directory tree (or a raw
+//! disk image) into volume-size blocks and stores each distinct block once per host (BLAKE3
+//! names it): sealed with AES-256-GCM under a host key derived from the master key (AAD = the
+//! hash, so a damaged or swapped block is an error, never wrong data) in append-only pack files
+//! (`pack`), found through an encrypted host index (`index`) with reference counts. The tree
+//! of each base is kept in the index too, for tenants created from it.
+
+mod index;
+mod pack;
+mod store;
+mod tree;
+
+pub use pack::{PackIo, PreadIo};
+pub use store::{
+    BaseInfo, BaseList, BaseRecord, BaseState, BaseStore, HostTotals, Progress, SourceKind,
+    VerifyReport,
+};
+pub use tree::{EntryKind, TreeEntry};
+
+use std::path::{Path, PathBuf};
+
+/// A block's name: the BLAKE3 hash of its bytes (zero-padded to the block size).
+pub type BlockHash = [u8; 32];
+
+#[derive(Debug, thiserror::Error)]
+pub enum BaseError {
+    #[error(
+        "invalid base name {0:?}: use 1-64 characters from a-z, A-Z, 0-9, '.', '_', '-', \
+         starting with a letter or digit"
+    )]
+    BadName(String),
+    #[error("base {0} already exists; pick another name or delete it first")]
+    Exists(String),
+    #[error("no base named {0}; see `tenantfs base list`")]
+    Unknown(String),
+    #[error("invalid block size {0}: use a power of two from 4096 to 1048576")]
+    BadBlockSize(u64),
+    #[error("cannot import {path}: {detail}")]
+    Source { path: PathBuf, detail: String },
+    #[error("base block {hash} is damaged ({pack}, slot {slot}): {reason}; nothing was returned from it")]
+    BlockCorrupt {
+        hash: String,
+        pack: PathBuf,
+        slot: u32,
+        reason: String,
+    },
+    #[error("base block {0} is not in the index")]
+    BlockMissing(String),
+    #[error("the base index is damaged: {0}")]
+    Corrupt(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Key(#[from] crate::crypto::KeyError),
+}
+
+impl BaseError {
+    fn io(path: &Path) -> impl Fn(std::io::Error) -> BaseError + '_ {
+        move |source| BaseError::Io {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}

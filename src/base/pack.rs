@@ -1,0 +1,179 @@
+//! Pack files: append-only files of sealed base blocks.
+//!
+//! A pack holds blocks of one size. After a 4 KiB header (magic, pack id, block size) come
+//! slots of exactly one block each, so a block is one aligned read at
+//! `4096 + slot * block_size` (O_DIRECT where the filesystem takes it). A slot holds only the
+//! AES-256-GCM ciphertext, which is as long as the block; the nonce and tag live in the index.
+//! Slots are written before the index points at them, so a crash leaves at most unindexed
+//! slots (garbage for `base gc`), never an index entry without its data.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::cache::{SlabAllocator, SlabBox};
+
+pub const HEADER_LEN: u64 = 4096;
+const MAGIC: &[u8; 8] = b"TFSPACK1";
+/// Slots per pack file: 1 GiB of 4 KiB blocks.
+pub const MAX_SLOTS: u32 = 1 << 18;
+
+/// How pack bytes move between memory and disk (`pread`/`pwrite` today; an io_uring engine is
+/// the other candidate, kept where a benchmark shows it faster).
+pub trait PackIo: Send + Sync {
+    fn read_at(&self, file: &File, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    fn write_at(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()>;
+}
+
+/// Plain positional reads and writes.
+pub struct PreadIo;
+
+impl PackIo for PreadIo {
+    fn read_at(&self, file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        file.read_exact_at(buf, offset)
+    }
+    fn write_at(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
+        file.write_all_at(buf, offset)
+    }
+}
+
+/// One open pack file.
+pub struct Pack {
+    pub id: u32,
+    pub block_size: u32,
+    file: File,
+    path: PathBuf,
+}
+
+pub fn pack_path(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("pack-{id:06}.tfp"))
+}
+
+/// Opens with O_DIRECT where the filesystem takes it (the page cache must not hold a second
+/// copy of base blocks: the host block cache holds them), else buffered.
+fn open_file(path: &Path, create: bool) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.read(true).write(true).create_new(create);
+    match o.clone().custom_flags(libc::O_DIRECT).open(path) {
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => o.create_new(false).open(path),
+        r => r,
+    }
+}
+
+/// A zeroed, page-aligned buffer of `len` bytes (O_DIRECT needs aligned memory).
+pub fn aligned(slabs: &SlabAllocator, len: usize) -> io::Result<SlabBox> {
+    // Slab slots of 4 KiB and up, and large mappings, are page-aligned.
+    slabs
+        .alloc(len.max(4096))
+        .ok_or_else(|| io::Error::new(io::ErrorKind::OutOfMemory, "no memory for an I/O buffer"))
+}
+
+impl Pack {
+    pub fn create(dir: &Path, id: u32, block_size: u32, slabs: &SlabAllocator) -> io::Result<Self> {
+        let path = pack_path(dir, id);
+        let file = open_file(&path, true)?;
+        let mut header = aligned(slabs, HEADER_LEN as usize)?;
+        header[..8].copy_from_slice(MAGIC);
+        header[8..12].copy_from_slice(&id.to_be_bytes());
+        header[12..16].copy_from_slice(&block_size.to_be_bytes());
+        file.write_all_at(&header[..HEADER_LEN as usize], 0)?;
+        file.sync_all()?;
+        crate::fs_util::sync_dir(dir)?;
+        Ok(Self {
+            id,
+            block_size,
+            file,
+            path,
+        })
+    }
+
+    pub fn open(dir: &Path, id: u32, slabs: &SlabAllocator) -> io::Result<Self> {
+        let path = pack_path(dir, id);
+        let file = open_file(&path, false)?;
+        let mut header = aligned(slabs, HEADER_LEN as usize)?;
+        file.read_exact_at(&mut header[..HEADER_LEN as usize], 0)?;
+        let bad = |what: &str| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("{}: {what}", path.display()),
+            )
+        };
+        if &header[..8] != MAGIC {
+            return Err(bad("not a tenantfs pack file (bad magic)"));
+        }
+        if u32::from_be_bytes(header[8..12].try_into().expect("4 bytes")) != id {
+            return Err(bad("pack id in the header does not match the file name"));
+        }
+        let block_size = u32::from_be_bytes(header[12..16].try_into().expect("4 bytes"));
+        if !block_size.is_power_of_two() || block_size < 4096 {
+            return Err(bad("bad block size in the header"));
+        }
+        Ok(Self {
+            id,
+            block_size,
+            file,
+            path,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn offset(&self, slot: u32) -> u64 {
+        HEADER_LEN + slot as u64 * self.block_size as u64
+    }
+
+    /// Writes whole slots from `first` on; `data` is aligned and a multiple of the block size.
+    pub fn write_slots(&self, io: &dyn PackIo, first: u32, data: &[u8]) -> io::Result<()> {
+        debug_assert!(data.len().is_multiple_of(self.block_size as usize));
+        io.write_at(&self.file, data, self.offset(first))
+    }
+
+    /// Reads one slot into `buf` (aligned, one block long).
+    pub fn read_slot(&self, io: &dyn PackIo, slot: u32, buf: &mut [u8]) -> io::Result<()> {
+        io.read_at(&self.file, buf, self.offset(slot))
+    }
+
+    pub fn sync(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    /// Slots the file has room for (written or not).
+    pub fn slots_on_disk(&self) -> io::Result<u64> {
+        let len = self.file.metadata()?.len();
+        Ok(len.saturating_sub(HEADER_LEN) / self.block_size as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_round_trip_and_headers_are_checked() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let slabs = SlabAllocator::new();
+        let p = Pack::create(dir.path(), 7, 4096, &slabs).unwrap();
+        let mut data = aligned(&slabs, 3 * 4096).unwrap();
+        for (i, b) in data.chunks_mut(4096).enumerate() {
+            b.fill(i as u8 + 1);
+        }
+        p.write_slots(&PreadIo, 2, &data).unwrap();
+        p.sync().unwrap();
+        assert_eq!(p.slots_on_disk().unwrap(), 5);
+        drop(p);
+        let p = Pack::open(dir.path(), 7, &slabs).unwrap();
+        let mut buf = aligned(&slabs, 4096).unwrap();
+        p.read_slot(&PreadIo, 3, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 2));
+        assert!(
+            Pack::create(dir.path(), 7, 4096, &slabs).is_err(),
+            "never overwritten"
+        );
+        std::fs::rename(pack_path(dir.path(), 7), pack_path(dir.path(), 8)).unwrap();
+        let e = Pack::open(dir.path(), 8, &slabs).err().unwrap();
+        assert!(e.to_string().contains("does not match"), "{e}");
+    }
+}

@@ -1,0 +1,733 @@
+//! The host's base store: imports, block reads, verification, deletion.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use aes_gcm::aead::{AeadInPlace, KeyInit};
+use aes_gcm::{Aes256Gcm, Nonce, Tag};
+use serde::{Deserialize, Serialize};
+
+use super::index::{self, BlockRecord};
+use super::pack::{aligned, Pack, PackIo, PreadIo, MAX_SLOTS};
+use super::tree::{walk, EntryKind, TreeEntry};
+use super::{BaseError, BlockHash};
+use crate::cache::SlabAllocator;
+use crate::crypto::TenantKey;
+use crate::data_dir::DataDir;
+use crate::store::{Batch, Encryption, Family, OpenMode, StoreHost, TenantDb};
+
+const FORMAT_VERSION: u32 = 1;
+/// Blocks sealed and written per pack write (and per index batch).
+const FLUSH_BLOCKS: usize = 256;
+const INDEX_NAME: &str = "host base index";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BaseState {
+    /// Being imported; a base left in this state by a crash is rolled back at the next open.
+    Importing,
+    Ready,
+    /// Being deleted; finished at the next open if interrupted.
+    Deleting,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SourceKind {
+    /// A directory tree.
+    Tree,
+    /// A raw disk image: the base's tree is that one file.
+    Image,
+}
+
+/// What the index keeps about a base.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BaseRecord {
+    pub format_version: u32,
+    pub name: String,
+    pub kind: SourceKind,
+    pub source: String,
+    pub block_size: u32,
+    pub state: BaseState,
+    pub files: u64,
+    /// Bytes of the tree's files (their sizes).
+    pub logical_bytes: u64,
+    /// Distinct non-zero blocks in the tree.
+    pub unique_blocks: u64,
+    pub created_unix: u64,
+}
+
+/// One base in `base list`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BaseInfo {
+    pub name: String,
+    pub kind: SourceKind,
+    pub block_size: u32,
+    pub files: u64,
+    pub logical_bytes: u64,
+    /// Distinct blocks of this base times the block size (what it would store alone).
+    pub unique_bytes: u64,
+    /// Tenants created from the base.
+    pub tenants: Vec<String>,
+}
+
+/// Host totals in `base list`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HostTotals {
+    pub logical_bytes: u64,
+    /// Bytes of blocks stored (each once, whatever number of bases holds it).
+    pub stored_bytes: u64,
+    /// Bytes of pack slots on disk, garbage included (what `base gc` could reclaim is
+    /// `pack_bytes - stored_bytes`).
+    pub pack_bytes: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BaseList {
+    pub bases: Vec<BaseInfo>,
+    pub host: HostTotals,
+}
+
+/// Import progress, for a progress bar.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Progress {
+    pub done_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// What `verify` found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct VerifyReport {
+    pub blocks: u64,
+    /// Blocks whose slot does not open or does not hash to its name: "hash: reason".
+    pub bad: Vec<String>,
+    /// Block references of base trees with no stored block.
+    pub missing: u64,
+}
+
+impl VerifyReport {
+    pub fn is_clean(&self) -> bool {
+        self.bad.is_empty() && self.missing == 0
+    }
+}
+
+/// The host's base images: packs under `<data-dir>/base/packs`, index in `<data-dir>/base/index`.
+pub struct BaseStore {
+    packs_dir: PathBuf,
+    index: TenantDb,
+    slabs: SlabAllocator,
+    cipher: Aes256Gcm,
+    io: Box<dyn PackIo>,
+    packs: Mutex<HashMap<u32, Arc<Pack>>>,
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+impl BaseStore {
+    /// Opens (creating on first use) the base store of a data dir, and finishes what a crash
+    /// interrupted: an import is rolled back, a delete completed.
+    pub fn open(data: &DataDir, host: &StoreHost) -> Result<Self, BaseError> {
+        let root = data.root().join("base");
+        let packs_dir = root.join("packs");
+        std::fs::create_dir_all(&packs_dir).map_err(BaseError::io(&packs_dir))?;
+        let index_dir = root.join("index");
+        let key: TenantKey = data
+            .master_key()
+            .derive("tenantfs 2026-11 base index key v1");
+        let index = TenantDb::open(
+            host,
+            INDEX_NAME,
+            &index_dir,
+            Encryption::Tenant(key),
+            OpenMode::Create,
+        )?;
+        let pack_key = data
+            .master_key()
+            .derive("tenantfs 2026-11 base pack key v1");
+        let store = Self {
+            packs_dir,
+            index,
+            slabs: SlabAllocator::new(),
+            cipher: Aes256Gcm::new_from_slice(pack_key.bytes()).expect("32-byte key"),
+            io: Box::new(PreadIo),
+            packs: Mutex::default(),
+        };
+        for record in store.records()? {
+            match record.state {
+                BaseState::Ready => {}
+                BaseState::Importing => {
+                    tracing::warn!(base = %record.name, "an import was interrupted; rolling it back");
+                    store.drop_base(&record.name)?;
+                }
+                BaseState::Deleting => {
+                    tracing::warn!(base = %record.name, "a delete was interrupted; finishing it");
+                    store.drop_base(&record.name)?;
+                }
+            }
+        }
+        Ok(store)
+    }
+
+    fn records(&self) -> Result<Vec<BaseRecord>, BaseError> {
+        let mut out = Vec::new();
+        let mut bad = None;
+        self.index.range(
+            Family::Meta,
+            index::BASES_START,
+            index::BASES_END,
+            |k, v| {
+                match serde_json::from_slice::<BaseRecord>(v) {
+                    Ok(r) => out.push(r),
+                    Err(e) => bad = Some(format!("{}: {e}", String::from_utf8_lossy(&k[1..]))),
+                }
+                true
+            },
+        )?;
+        match bad {
+            Some(detail) => Err(BaseError::Corrupt(format!("base record {detail}"))),
+            None => Ok(out),
+        }
+    }
+
+    /// The base named `name`, if it exists (in any state).
+    pub fn record(&self, name: &str) -> Result<Option<BaseRecord>, BaseError> {
+        match self.index.get(Family::Meta, &index::base_key(name))? {
+            None => Ok(None),
+            Some(v) => serde_json::from_slice(&v)
+                .map(Some)
+                .map_err(|e| BaseError::Corrupt(format!("base record {name}: {e}"))),
+        }
+    }
+
+    fn put_record(&self, b: &mut Batch<'_>, r: &BaseRecord) {
+        b.put(
+            Family::Meta,
+            &index::base_key(&r.name),
+            &serde_json::to_vec(r).expect("record serialises"),
+        );
+    }
+
+    fn pack(&self, id: u32) -> Result<Arc<Pack>, BaseError> {
+        let mut packs = self.packs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = packs.get(&id) {
+            return Ok(p.clone());
+        }
+        let p = Arc::new(
+            Pack::open(&self.packs_dir, id, &self.slabs)
+                .map_err(BaseError::io(&super::pack::pack_path(&self.packs_dir, id)))?,
+        );
+        packs.insert(id, p.clone());
+        Ok(p)
+    }
+
+    fn block_record(&self, hash: &BlockHash) -> Result<Option<BlockRecord>, BaseError> {
+        match self.index.get(Family::Extents, &index::block_key(hash))? {
+            None => Ok(None),
+            Some(v) => BlockRecord::decode(&v).map(Some).ok_or_else(|| {
+                BaseError::Corrupt(format!("block record {} is malformed", hex::encode(hash)))
+            }),
+        }
+    }
+
+    /// Reads, opens and checks one block: exactly its bytes, or an error naming the block.
+    pub fn read_block(&self, hash: &BlockHash) -> Result<Vec<u8>, BaseError> {
+        let rec = self
+            .block_record(hash)?
+            .ok_or_else(|| BaseError::BlockMissing(hex::encode(hash)))?;
+        let pack = self.pack(rec.pack)?;
+        let mut buf =
+            aligned(&self.slabs, pack.block_size as usize).map_err(BaseError::io(pack.path()))?;
+        let len = pack.block_size as usize;
+        pack.read_slot(&*self.io, rec.slot, &mut buf[..len])
+            .map_err(BaseError::io(pack.path()))?;
+        let mut data = buf[..len].to_vec();
+        let bad = |reason: &str| {
+            let e = BaseError::BlockCorrupt {
+                hash: hex::encode(hash),
+                pack: pack.path().to_owned(),
+                slot: rec.slot,
+                reason: reason.to_owned(),
+            };
+            tracing::error!(error = %e, "base block is damaged");
+            e
+        };
+        self.cipher
+            .decrypt_in_place_detached(
+                Nonce::from_slice(&rec.nonce),
+                hash,
+                &mut data,
+                Tag::from_slice(&rec.tag),
+            )
+            .map_err(|_| bad("it does not open under the host key (ciphertext or tag damaged)"))?;
+        if blake3::hash(&data).as_bytes() != hash {
+            return Err(bad("its content does not hash to its name"));
+        }
+        Ok(data)
+    }
+
+    /// Imports `source` (a directory tree, or a raw image file) as base `name`, cutting files
+    /// into `block_size` blocks; each distinct block is stored once per host.
+    pub fn import(
+        &self,
+        name: &str,
+        source: &Path,
+        block_size: u32,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<BaseInfo, BaseError> {
+        crate::tenants::validate_name(name).map_err(|_| BaseError::BadName(name.to_owned()))?;
+        if !block_size.is_power_of_two() || !(4096..=1 << 20).contains(&block_size) {
+            return Err(BaseError::BadBlockSize(block_size as u64));
+        }
+        if self.record(name)?.is_some() {
+            return Err(BaseError::Exists(name.to_owned()));
+        }
+        let meta = std::fs::metadata(source).map_err(|e| BaseError::Source {
+            path: source.to_owned(),
+            detail: e.to_string(),
+        })?;
+        let (kind, entries) = if meta.is_dir() {
+            (SourceKind::Tree, walk(source)?)
+        } else if meta.is_file() {
+            (SourceKind::Image, vec![TreeEntry::image(source, &meta)])
+        } else {
+            return Err(BaseError::Source {
+                path: source.to_owned(),
+                detail: "is neither a directory nor a regular file (a raw disk image)".into(),
+            });
+        };
+        let mut record = BaseRecord {
+            format_version: FORMAT_VERSION,
+            name: name.to_owned(),
+            kind,
+            source: source.display().to_string(),
+            block_size,
+            state: BaseState::Importing,
+            files: entries.len() as u64,
+            logical_bytes: entries
+                .iter()
+                .filter(|e| e.kind == EntryKind::File)
+                .map(|e| e.size)
+                .sum(),
+            unique_blocks: 0,
+            created_unix: now_unix(),
+        };
+        let mut b = self.index.batch();
+        self.put_record(&mut b, &record);
+        self.index.write(b)?;
+        self.index.sync()?;
+        let mut imp = Importer::new(self, name, block_size)?;
+        let mut done = 0u64;
+        let total = record.logical_bytes;
+        let result = (|| {
+            for (seq, e) in entries.iter().enumerate() {
+                imp.batch.put(
+                    Family::Inodes,
+                    &index::tree_key(name, seq as u64),
+                    &serde_json::to_vec(e).expect("entry serialises"),
+                );
+                if e.kind == EntryKind::File {
+                    let path = e.source_path(source, kind);
+                    let mut f = File::open(&path).map_err(|err| BaseError::Source {
+                        path: path.clone(),
+                        detail: err.to_string(),
+                    })?;
+                    let mut block = vec![0u8; block_size as usize];
+                    let mut index = 0u64;
+                    loop {
+                        let n = read_full(&mut f, &mut block).map_err(|err| BaseError::Source {
+                            path: path.clone(),
+                            detail: err.to_string(),
+                        })?;
+                        if n == 0 {
+                            break;
+                        }
+                        block[n..].fill(0);
+                        imp.add(seq as u64, index, &block)?;
+                        index += 1;
+                        done += n as u64;
+                        if index.is_multiple_of(256) {
+                            progress(Progress {
+                                done_bytes: done,
+                                total_bytes: total,
+                            });
+                        }
+                        if n < block.len() {
+                            break;
+                        }
+                    }
+                }
+                imp.maybe_flush()?;
+            }
+            imp.flush()
+        })();
+        if let Err(e) = result {
+            // Leave nothing half-imported: roll back what was indexed (packs keep garbage
+            // slots until `base gc`).
+            let _ = imp.flush();
+            if let Err(rb) = self.drop_base(name) {
+                tracing::error!(base = name, error = %rb, "cannot roll back a failed import; the next open will");
+            }
+            return Err(e);
+        }
+        progress(Progress {
+            done_bytes: total,
+            total_bytes: total,
+        });
+        record.state = BaseState::Ready;
+        record.unique_blocks = imp.seen.len() as u64;
+        let mut b = self.index.batch();
+        self.put_record(&mut b, &record);
+        self.index.write(b)?;
+        self.index.sync()?;
+        Ok(self.info(&record))
+    }
+
+    fn info(&self, r: &BaseRecord) -> BaseInfo {
+        BaseInfo {
+            name: r.name.clone(),
+            kind: r.kind,
+            block_size: r.block_size,
+            files: r.files,
+            logical_bytes: r.logical_bytes,
+            unique_bytes: r.unique_blocks * r.block_size as u64,
+            tenants: Vec::new(),
+        }
+    }
+
+    /// Every ready base, with host totals.
+    pub fn list(&self) -> Result<BaseList, BaseError> {
+        let bases: Vec<BaseInfo> = self
+            .records()?
+            .iter()
+            .filter(|r| r.state == BaseState::Ready)
+            .map(|r| self.info(r))
+            .collect();
+        let mut stored = 0u64;
+        let mut sizes: HashMap<u32, u64> = HashMap::new();
+        let mut bad = None;
+        self.index.range(
+            Family::Extents,
+            index::BLOCKS_START,
+            index::BLOCKS_END,
+            |_, v| {
+                match BlockRecord::decode(v) {
+                    Some(r) => *sizes.entry(r.pack).or_default() += 1,
+                    None => bad = Some(()),
+                }
+                true
+            },
+        )?;
+        if bad.is_some() {
+            return Err(BaseError::Corrupt("a block record is malformed".into()));
+        }
+        for (pack, n) in sizes {
+            stored += n * self.pack(pack)?.block_size as u64;
+        }
+        let mut pack_bytes = 0;
+        for id in self.pack_ids()? {
+            let p = self.pack(id)?;
+            pack_bytes += p.slots_on_disk().map_err(BaseError::io(p.path()))? * p.block_size as u64;
+        }
+        Ok(BaseList {
+            host: HostTotals {
+                logical_bytes: bases.iter().map(|b| b.logical_bytes).sum(),
+                stored_bytes: stored,
+                pack_bytes,
+            },
+            bases,
+        })
+    }
+
+    /// Deletes base `name`: its tree and its references; blocks no other base holds become
+    /// garbage in their packs (reclaimed by `base gc`).
+    pub fn delete(&self, name: &str) -> Result<(), BaseError> {
+        let mut r = self
+            .record(name)?
+            .ok_or_else(|| BaseError::Unknown(name.to_owned()))?;
+        r.state = BaseState::Deleting;
+        let mut b = self.index.batch();
+        self.put_record(&mut b, &r);
+        self.index.write(b)?;
+        self.drop_base(name)
+    }
+
+    /// Removes a base's keys and releases its references (idempotent: safe to repeat after a
+    /// crash in the middle).
+    fn drop_base(&self, name: &str) -> Result<(), BaseError> {
+        let (start, end) = index::base_range(b'R', name);
+        let mut hashes: Vec<BlockHash> = Vec::new();
+        self.index.range(Family::Extents, &start, &end, |k, _| {
+            if let Ok(h) = k[k.len() - 32..].try_into() {
+                hashes.push(h);
+            }
+            true
+        })?;
+        for chunk in hashes.chunks(4096) {
+            let mut b = self.index.batch();
+            for h in chunk {
+                if let Some(mut rec) = self.block_record(h)? {
+                    rec.refs = rec.refs.saturating_sub(1);
+                    if rec.refs == 0 {
+                        b.delete(Family::Extents, &index::block_key(h));
+                    } else {
+                        b.put(Family::Extents, &index::block_key(h), &rec.encode());
+                    }
+                }
+                // Dropped with its count change in one batch: a repeat skips it.
+                b.delete(Family::Extents, &index::ref_key(name, h));
+            }
+            self.index.write(b)?;
+        }
+        let mut b = self.index.batch();
+        for (tag, family) in [(b'T', Family::Inodes), (b'K', Family::Dirents)] {
+            let (start, end) = index::base_range(tag, name);
+            b.delete_range(family, &start, &end);
+        }
+        b.delete(Family::Meta, &index::base_key(name));
+        self.index.write(b)?;
+        self.index.sync()?;
+        Ok(())
+    }
+
+    /// Reads every stored block back and checks it; and that every block a tree names exists.
+    pub fn verify(&self) -> Result<VerifyReport, BaseError> {
+        let mut report = VerifyReport::default();
+        let mut hashes: Vec<BlockHash> = Vec::new();
+        self.index.range(
+            Family::Extents,
+            index::BLOCKS_START,
+            index::BLOCKS_END,
+            |k, _| {
+                if let Ok(h) = k[1..].try_into() {
+                    hashes.push(h);
+                }
+                true
+            },
+        )?;
+        for h in &hashes {
+            report.blocks += 1;
+            match self.read_block(h) {
+                Ok(_) => {}
+                Err(e @ (BaseError::BlockCorrupt { .. } | BaseError::Io { .. })) => {
+                    report.bad.push(format!("{}: {e}", hex::encode(h)))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let known: HashSet<BlockHash> = hashes.into_iter().collect();
+        self.index.range(Family::Dirents, b"K", b"L", |_, v| {
+            if v.len() != 32 || !known.contains(<&BlockHash>::try_from(v).expect("32 bytes")) {
+                report.missing += 1;
+            }
+            true
+        })?;
+        Ok(report)
+    }
+}
+
+fn read_full(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match f.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// One import's write state: blocks sealed into an aligned buffer, index changes in a batch,
+/// both flushed together (pack data first, synced, then the index).
+struct Importer<'a> {
+    store: &'a BaseStore,
+    base: String,
+    block_size: u32,
+    pack: Arc<Pack>,
+    next_slot: u32,
+    buf: crate::cache::SlabBox,
+    buffered: usize,
+    first_slot: u32,
+    batch: Batch<'a>,
+    /// Block records changed since the last flush (new, or one more reference).
+    dirty: HashMap<BlockHash, BlockRecord>,
+    seen: HashSet<BlockHash>,
+    entries: usize,
+}
+
+impl<'a> Importer<'a> {
+    fn new(store: &'a BaseStore, base: &str, block_size: u32) -> Result<Self, BaseError> {
+        let (pack, next_slot) = match store
+            .index
+            .get(Family::Meta, &index::alloc_key(block_size))?
+        {
+            Some(v) if v.len() == 8 => {
+                let id = u32::from_be_bytes(v[..4].try_into().expect("4 bytes"));
+                (
+                    store.pack(id)?,
+                    u32::from_be_bytes(v[4..].try_into().expect("4 bytes")),
+                )
+            }
+            _ => (store.new_pack(block_size)?, 0),
+        };
+        let buf = aligned(&store.slabs, FLUSH_BLOCKS * block_size as usize)
+            .map_err(BaseError::io(pack.path()))?;
+        Ok(Self {
+            store,
+            base: base.to_owned(),
+            block_size,
+            pack,
+            next_slot,
+            buf,
+            buffered: 0,
+            first_slot: next_slot,
+            batch: store.index.batch(),
+            dirty: HashMap::new(),
+            seen: HashSet::new(),
+            entries: 0,
+        })
+    }
+
+    fn add(&mut self, seq: u64, index: u64, block: &[u8]) -> Result<(), BaseError> {
+        if block.iter().all(|&b| b == 0) {
+            return Ok(()); // a hole
+        }
+        let hash: BlockHash = *blake3::hash(block).as_bytes();
+        self.batch.put(
+            Family::Dirents,
+            &index::file_block_key(&self.base, seq, index),
+            &hash,
+        );
+        self.entries += 1;
+        if !self.seen.insert(hash) {
+            return Ok(());
+        }
+        self.batch
+            .put(Family::Extents, &index::ref_key(&self.base, &hash), b"");
+        let existing = match self.dirty.get(&hash) {
+            Some(r) => Some(*r),
+            None => self.store.block_record(&hash)?,
+        };
+        let rec = match existing {
+            Some(mut r) => {
+                r.refs += 1;
+                r
+            }
+            None => self.seal(&hash, block)?,
+        };
+        self.dirty.insert(hash, rec);
+        if self.buffered == FLUSH_BLOCKS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn seal(&mut self, hash: &BlockHash, block: &[u8]) -> Result<BlockRecord, BaseError> {
+        if self.next_slot == MAX_SLOTS {
+            self.flush()?;
+            self.pack = self.store.new_pack(self.block_size)?;
+            self.next_slot = 0;
+            self.first_slot = 0;
+        }
+        let mut nonce = [0u8; 12];
+        crate::crypto::random_bytes(&mut nonce)?;
+        let bs = self.block_size as usize;
+        let slot = &mut self.buf[self.buffered * bs..(self.buffered + 1) * bs];
+        slot.copy_from_slice(block);
+        let tag = self
+            .store
+            .cipher
+            .encrypt_in_place_detached(Nonce::from_slice(&nonce), hash, slot)
+            .map_err(|_| BaseError::Corrupt("AES-GCM refused to seal a block".into()))?;
+        let rec = BlockRecord {
+            pack: self.pack.id,
+            slot: self.next_slot,
+            nonce,
+            tag: tag.into(),
+            refs: 1,
+        };
+        self.buffered += 1;
+        self.next_slot += 1;
+        Ok(rec)
+    }
+
+    fn maybe_flush(&mut self) -> Result<(), BaseError> {
+        if self.entries >= 16 * FLUSH_BLOCKS || self.batch.len() >= 16 * FLUSH_BLOCKS {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Pack data first (written, synced), then the index batch that points at it.
+    fn flush(&mut self) -> Result<(), BaseError> {
+        if self.buffered > 0 {
+            let bs = self.block_size as usize;
+            self.pack
+                .write_slots(
+                    &*self.store.io,
+                    self.first_slot,
+                    &self.buf[..self.buffered * bs],
+                )
+                .and_then(|()| self.pack.sync())
+                .map_err(BaseError::io(self.pack.path()))?;
+            self.buffered = 0;
+            self.first_slot = self.next_slot;
+        }
+        let mut batch = std::mem::replace(&mut self.batch, self.store.index.batch());
+        for (h, r) in self.dirty.drain() {
+            batch.put(Family::Extents, &index::block_key(&h), &r.encode());
+        }
+        let mut alloc = self.pack.id.to_be_bytes().to_vec();
+        alloc.extend_from_slice(&self.next_slot.to_be_bytes());
+        batch.put(Family::Meta, &index::alloc_key(self.block_size), &alloc);
+        self.store.index.write(batch)?;
+        self.entries = 0;
+        Ok(())
+    }
+}
+
+impl BaseStore {
+    fn pack_ids(&self) -> Result<Vec<u32>, BaseError> {
+        let mut ids = Vec::new();
+        for e in std::fs::read_dir(&self.packs_dir)
+            .map_err(BaseError::io(&self.packs_dir))?
+            .flatten()
+        {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if let Some(n) = name
+                .strip_prefix("pack-")
+                .and_then(|s| s.strip_suffix(".tfp"))
+            {
+                if let Ok(n) = n.parse::<u32>() {
+                    ids.push(n);
+                }
+            }
+        }
+        ids.sort_unstable();
+        Ok(ids)
+    }
+
+    fn new_pack(&self, block_size: u32) -> Result<Arc<Pack>, BaseError> {
+        let id = self.pack_ids()?.last().map_or(1, |n| n + 1);
+        let pack = Arc::new(
+            Pack::create(&self.packs_dir, id, block_size, &self.slabs)
+                .map_err(BaseError::io(&super::pack::pack_path(&self.packs_dir, id)))?,
+        );
+        self.packs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, pack.clone());
+        Ok(pack)
+    }
+}

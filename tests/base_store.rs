@@ -1,0 +1,242 @@
+//! Base images against real packs and a real encrypted host index: dedup across bases and
+//! within a tree, raw images, a flipped byte in a pack, deletion and reference counts, and a
+//! kill -9 in the middle of an import.
+
+mod common;
+#[path = "common/mount.rs"]
+mod mount;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{noise, TestHost};
+use tenantfs::base::{BaseError, BaseStore, SourceKind};
+use tenantfs::store::DirectIo;
+
+const BS: u32 = 4096;
+
+fn no_progress(_: tenantfs::base::Progress) {}
+
+fn store(t: &TestHost) -> BaseStore {
+    BaseStore::open(&t.data, &t.host).unwrap()
+}
+
+/// A tree of `files` files of `blocks` distinct 4 KiB blocks each (seeded by `seed`).
+fn tree(dir: &Path, seed: u64, files: u64, blocks: usize) {
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    for f in 0..files {
+        let name = if f % 2 == 0 {
+            format!("f{f}")
+        } else {
+            format!("sub/f{f}")
+        };
+        std::fs::write(dir.join(name), noise(seed * 1000 + f, blocks * BS as usize)).unwrap();
+    }
+}
+
+#[test]
+fn the_same_tree_twice_stores_nothing_new() {
+    let t = TestHost::new(DirectIo::Auto);
+    let src = t.tmp.path().join("src");
+    tree(&src, 1, 6, 5);
+    let s = store(&t);
+    let a = s.import("alpha", &src, BS, &mut no_progress).unwrap();
+    assert_eq!(
+        (a.files, a.logical_bytes, a.unique_bytes),
+        (8, 30 * 4096, 30 * 4096)
+    );
+    let before = s.list().unwrap().host;
+    assert_eq!(before.stored_bytes, 30 * 4096);
+    let b = s.import("beta", &src, BS, &mut no_progress).unwrap();
+    assert_eq!(b.unique_bytes, 30 * 4096);
+    let after = s.list().unwrap();
+    assert_eq!(
+        after.host.stored_bytes, before.stored_bytes,
+        "the second import stored bytes"
+    );
+    assert_eq!(after.host.pack_bytes, before.pack_bytes);
+    assert_eq!(after.host.logical_bytes, 2 * 30 * 4096);
+    let names: Vec<_> = after.bases.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(names, ["alpha", "beta"]);
+    assert!(s.verify().unwrap().is_clean());
+    let e = s.import("alpha", &src, BS, &mut no_progress).unwrap_err();
+    assert!(matches!(e, BaseError::Exists(_)), "{e}");
+}
+
+#[test]
+fn shared_blocks_count_once_and_holes_not_at_all() {
+    let t = TestHost::new(DirectIo::Auto);
+    let src = t.tmp.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    // 8 blocks, all the same; a copy of that file; a file of 3 blocks with a hole between.
+    let block = noise(5, BS as usize);
+    let same: Vec<u8> = block
+        .iter()
+        .copied()
+        .cycle()
+        .take(8 * BS as usize)
+        .collect();
+    std::fs::write(src.join("a"), &same).unwrap();
+    std::fs::write(src.join("b"), &same).unwrap();
+    let mut holey = noise(6, 3 * BS as usize);
+    holey[BS as usize..2 * BS as usize].fill(0);
+    std::fs::write(src.join("c"), &holey).unwrap();
+    let s = store(&t);
+    let info = s.import("dup", &src, BS, &mut no_progress).unwrap();
+    assert_eq!(info.logical_bytes, 19 * 4096);
+    assert_eq!(
+        info.unique_bytes,
+        3 * 4096,
+        "one shared block + two of c, the hole not stored"
+    );
+    assert!(info.unique_bytes < info.logical_bytes);
+    assert_eq!(s.list().unwrap().host.stored_bytes, 3 * 4096);
+    let h = *blake3::hash(&block).as_bytes();
+    assert_eq!(s.read_block(&h).unwrap(), block);
+}
+
+#[test]
+fn raw_image_is_one_file_of_its_blocks() {
+    let t = TestHost::new(DirectIo::Auto);
+    let img = t.tmp.path().join("disk.img");
+    let f = std::fs::File::create(&img).unwrap();
+    f.set_len(64 << 20).unwrap(); // sparse: mostly holes
+    use std::os::unix::fs::FileExt;
+    let data = noise(9, 10 * BS as usize);
+    f.write_all_at(&data, 1 << 20).unwrap();
+    f.write_all_at(&data, 40 << 20).unwrap(); // the same 10 blocks again
+    drop(f);
+    let s = store(&t);
+    let info = s.import("img", &img, BS, &mut no_progress).unwrap();
+    assert_eq!(info.kind, SourceKind::Image);
+    assert_eq!((info.files, info.logical_bytes), (1, 64 << 20));
+    assert_eq!(info.unique_bytes, 10 * 4096);
+    assert!(s.verify().unwrap().is_clean());
+}
+
+#[test]
+fn a_flipped_byte_in_a_pack_fails_that_block_only() {
+    let t = TestHost::new(DirectIo::Auto);
+    let src = t.tmp.path().join("src");
+    tree(&src, 3, 2, 4);
+    let s = store(&t);
+    s.import("base", &src, BS, &mut no_progress).unwrap();
+    drop(s);
+    let pack = t.root.join("base/packs/pack-000001.tfp");
+    let mut bytes = std::fs::read(&pack).unwrap();
+    let slot = 5;
+    bytes[4096 + slot * 4096 + 100] ^= 0x40;
+    std::fs::write(&pack, &bytes).unwrap();
+    let s = store(&t);
+    let r = s.verify().unwrap();
+    assert_eq!((r.blocks, r.bad.len(), r.missing), (8, 1, 0), "{r:?}");
+    assert!(
+        r.bad[0].contains("slot 5") && r.bad[0].contains("damaged"),
+        "{r:?}"
+    );
+    // Every other block still reads, and the damaged one never returns bytes.
+    let mut ok = 0;
+    for f in 0..2u64 {
+        let name = if f % 2 == 0 {
+            format!("f{f}")
+        } else {
+            format!("sub/f{f}")
+        };
+        let content = std::fs::read(src.join(name)).unwrap();
+        for chunk in content.chunks(BS as usize) {
+            let h = *blake3::hash(chunk).as_bytes();
+            match s.read_block(&h) {
+                Ok(b) => {
+                    assert_eq!(b, chunk);
+                    ok += 1;
+                }
+                Err(e) => assert!(matches!(e, BaseError::BlockCorrupt { .. }), "{e}"),
+            }
+        }
+    }
+    assert_eq!(ok, 7);
+}
+
+#[test]
+fn delete_releases_only_unshared_blocks() {
+    let t = TestHost::new(DirectIo::Auto);
+    let (a, b) = (t.tmp.path().join("a"), t.tmp.path().join("b"));
+    tree(&a, 1, 2, 4); // 8 blocks
+    tree(&b, 1, 1, 4); // the first 4 of them
+    std::fs::write(b.join("own"), noise(77, 2 * BS as usize)).unwrap(); // + 2 of its own
+    let s = store(&t);
+    s.import("a", &a, BS, &mut no_progress).unwrap();
+    s.import("b", &b, BS, &mut no_progress).unwrap();
+    assert_eq!(s.list().unwrap().host.stored_bytes, 10 * 4096);
+    s.delete("a").unwrap();
+    let l = s.list().unwrap();
+    assert_eq!(l.host.stored_bytes, 6 * 4096, "b's blocks stay");
+    assert_eq!(l.bases.len(), 1);
+    assert!(s.verify().unwrap().is_clean());
+    assert!(matches!(s.delete("a").unwrap_err(), BaseError::Unknown(_)));
+    s.delete("b").unwrap();
+    assert_eq!(s.list().unwrap().host.stored_bytes, 0);
+    // The same tree again after its blocks were dropped: stored again, readable.
+    s.import("a", &a, BS, &mut no_progress).unwrap();
+    assert_eq!(s.list().unwrap().host.stored_bytes, 8 * 4096);
+    assert!(s.verify().unwrap().is_clean());
+}
+
+#[test]
+fn kill9_during_import_leaves_a_store_that_opens_and_verifies() {
+    let h = mount::Host::new("basekill");
+    let src = h.root().join("big");
+    std::fs::create_dir_all(&src).unwrap();
+    for i in 0..24u64 {
+        std::fs::write(src.join(format!("f{i}")), noise(i, 16 << 20)).unwrap();
+    }
+    h.ok(&[
+        "base",
+        "import",
+        "small",
+        h.root().join("big").join("f0").to_str().unwrap(),
+    ]);
+    let mut child = h
+        .cmd()
+        .args(["base", "import", "big"])
+        .arg(&src)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Let it write some packs and index batches, then kill it mid-way.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the import finished too soon to test"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let list: serde_json::Value = serde_json::from_str(&h.ok(&["base", "list", "--json"])).unwrap();
+    let names: Vec<_> = list["bases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["name"].clone())
+        .collect();
+    assert_eq!(
+        names,
+        ["small"],
+        "the interrupted import was rolled back: {list}"
+    );
+    assert_eq!(
+        list["host"]["stored_bytes"].as_u64(),
+        Some(16 << 20),
+        "{list}"
+    );
+    let out = h.ok(&["base", "verify"]);
+    assert!(out.contains("all intact"), "{out}");
+    // And it can be imported again.
+    h.ok(&["base", "import", "big", src.to_str().unwrap()]);
+    let list: serde_json::Value = serde_json::from_str(&h.ok(&["base", "list", "--json"])).unwrap();
+    assert_eq!(
+        list["host"]["stored_bytes"].as_u64(),
+        Some(24 << 24),
+        "{list}"
+    );
+}
