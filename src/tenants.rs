@@ -81,6 +81,8 @@ pub struct TenantInfo {
     pub created_unix: u64,
     /// Bytes the tenant's directory takes on disk (store files, encrypted).
     pub disk_bytes: u64,
+    /// The base image the tenant was created from, if any.
+    pub base: Option<String>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -92,6 +94,8 @@ struct TenantRecord {
     created_unix: u64,
     /// Tenant key sealed under the master key (hex).
     wrapped_key: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    base: Option<String>,
 }
 
 /// Checks a tenant name: safe as a path component and in logs.
@@ -141,6 +145,18 @@ pub fn create(
     name: &str,
     block_size: Option<u64>,
 ) -> Result<TenantInfo, TenantError> {
+    create_from(data, host, name, block_size, None)
+}
+
+/// Creates a tenant as `create` does, recording that its tree comes from base image `base`
+/// (the caller grafts the tree in: see `base::create_tenant`).
+pub fn create_from(
+    data: &DataDir,
+    host: &StoreHost,
+    name: &str,
+    block_size: Option<u64>,
+    base: Option<&str>,
+) -> Result<TenantInfo, TenantError> {
     validate_name(name)?;
     let block_size = validate_block_size(block_size.unwrap_or(DEFAULT_BLOCK_SIZE as u64))?;
     let root = data.tenants_dir();
@@ -161,6 +177,7 @@ pub fn create(
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             wrapped_key: hex::encode(data.master_key().wrap_tenant_key(name, &key)?),
+            base: base.map(str::to_owned),
         };
         let json = serde_json::to_vec_pretty(&record).expect("record serialises");
         let record_path = staging.join(RECORD);
@@ -189,6 +206,7 @@ pub fn create(
             block_size,
             created_unix: record.created_unix,
             disk_bytes: tree_bytes(&dir),
+            base: record.base.clone(),
         })
     })();
     if result.is_err() {
@@ -257,6 +275,7 @@ pub fn list(root: &Path) -> Result<Vec<TenantInfo>, TenantError> {
             block_size: record.block_size,
             created_unix: record.created_unix,
             disk_bytes: tree_bytes(&entry.path()),
+            base: record.base,
         });
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -303,6 +322,7 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, Tena
             block_size: record.block_size,
             created_unix: record.created_unix,
             disk_bytes: tree_bytes(&dir),
+            base: record.base,
         },
         db,
         _lock: lock,

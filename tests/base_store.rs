@@ -240,3 +240,40 @@ fn kill9_during_import_leaves_a_store_that_opens_and_verifies() {
         "{list}"
     );
 }
+
+#[test]
+fn a_tenant_whose_graft_was_interrupted_refuses_to_open() {
+    use tenantfs::store::Family;
+    use tenantfs::volume::{Volume, VolumeError};
+    let t = TestHost::new(DirectIo::Auto);
+    let src = t.tmp.path().join("src");
+    tree(&src, 4, 2, 2);
+    let s = store(&t);
+    s.import("b", &src, BS, &mut no_progress).unwrap();
+    s.create_tenant(&t.data, &t.host, "ok", "b").unwrap();
+    let v = Volume::open(tenantfs::tenants::open(&t.data, &t.host, "ok").unwrap()).unwrap();
+    assert_eq!(
+        v.readdir(tenantfs::volume::ROOT_INO).unwrap().len(),
+        2,
+        "f0 and sub"
+    );
+    drop(v);
+    // What a crash between the graft's first and last batch leaves: the marker.
+    let tenant = tenantfs::tenants::open(&t.data, &t.host, "ok").unwrap();
+    tenant.db().put(Family::Meta, b"grafting", b"b").unwrap();
+    let e = Volume::open(tenant).err().unwrap();
+    assert!(matches!(e, VolumeError::Incomplete { .. }), "{e}");
+    assert!(
+        e.to_string().contains("delete it and create it again"),
+        "{e}"
+    );
+    // Unknown base: nothing is created.
+    let e = s
+        .create_tenant(&t.data, &t.host, "nope", "missing")
+        .unwrap_err();
+    assert!(matches!(e, BaseError::Unknown(_)), "{e}");
+    assert!(tenantfs::tenants::list(&t.root)
+        .unwrap()
+        .iter()
+        .all(|i| i.name != "nope"));
+}

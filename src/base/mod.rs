@@ -9,10 +9,12 @@
 
 mod index;
 mod pack;
+mod reader;
 mod store;
 mod tree;
 
 pub use pack::{PackIo, PreadIo};
+pub use reader::{BaseBlockReader, PackReader};
 pub use store::{
     BaseInfo, BaseList, BaseRecord, BaseState, BaseStore, HostTotals, Progress, SourceKind,
     VerifyReport,
@@ -55,8 +57,17 @@ pub enum BaseError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "base {base} is used by tenant(s) {}; delete them first (`tenantfs tenant delete`)",
+        tenants.join(", ")
+    )]
+    InUse { base: String, tenants: Vec<String> },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
+    #[error(transparent)]
+    Tenant(#[from] crate::tenants::TenantError),
+    #[error(transparent)]
+    Volume(#[from] crate::volume::VolumeError),
     #[error(transparent)]
     Key(#[from] crate::crypto::KeyError),
 }

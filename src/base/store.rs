@@ -4,21 +4,22 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use aes_gcm::aead::{AeadInPlace, KeyInit};
-use aes_gcm::{Aes256Gcm, Nonce, Tag};
+use aes_gcm::aead::AeadInPlace;
+use aes_gcm::Nonce;
 use serde::{Deserialize, Serialize};
 
 use super::index::{self, BlockRecord};
-use super::pack::{aligned, Pack, PackIo, PreadIo, MAX_SLOTS};
+use super::pack::{aligned, Pack, MAX_SLOTS};
+use super::reader::{encode_ref, PackReader};
 use super::tree::{walk, EntryKind, TreeEntry};
 use super::{BaseError, BlockHash};
-use crate::cache::SlabAllocator;
 use crate::crypto::TenantKey;
 use crate::data_dir::DataDir;
 use crate::store::{Batch, Encryption, Family, OpenMode, StoreHost, TenantDb};
+use crate::volume::{FileKind, GraftNode};
 
 const FORMAT_VERSION: u32 = 1;
 /// Blocks sealed and written per pack write (and per index batch).
@@ -117,12 +118,10 @@ impl VerifyReport {
 
 /// The host's base images: packs under `<data-dir>/base/packs`, index in `<data-dir>/base/index`.
 pub struct BaseStore {
+    data_root: PathBuf,
     packs_dir: PathBuf,
     index: TenantDb,
-    slabs: SlabAllocator,
-    cipher: Aes256Gcm,
-    io: Box<dyn PackIo>,
-    packs: Mutex<HashMap<u32, Arc<Pack>>>,
+    packs: PackReader,
 }
 
 fn now_unix() -> u64 {
@@ -150,16 +149,11 @@ impl BaseStore {
             Encryption::Tenant(key),
             OpenMode::Create,
         )?;
-        let pack_key = data
-            .master_key()
-            .derive("tenantfs 2026-11 base pack key v1");
         let store = Self {
+            data_root: data.root().to_owned(),
             packs_dir,
             index,
-            slabs: SlabAllocator::new(),
-            cipher: Aes256Gcm::new_from_slice(pack_key.bytes()).expect("32-byte key"),
-            io: Box::new(PreadIo),
-            packs: Mutex::default(),
+            packs: PackReader::new(data),
         };
         for record in store.records()? {
             match record.state {
@@ -217,16 +211,7 @@ impl BaseStore {
     }
 
     fn pack(&self, id: u32) -> Result<Arc<Pack>, BaseError> {
-        let mut packs = self.packs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = packs.get(&id) {
-            return Ok(p.clone());
-        }
-        let p = Arc::new(
-            Pack::open(&self.packs_dir, id, &self.slabs)
-                .map_err(BaseError::io(&super::pack::pack_path(&self.packs_dir, id)))?,
-        );
-        packs.insert(id, p.clone());
-        Ok(p)
+        self.packs.pack(id)
     }
 
     fn block_record(&self, hash: &BlockHash) -> Result<Option<BlockRecord>, BaseError> {
@@ -243,35 +228,88 @@ impl BaseStore {
         let rec = self
             .block_record(hash)?
             .ok_or_else(|| BaseError::BlockMissing(hex::encode(hash)))?;
-        let pack = self.pack(rec.pack)?;
-        let mut buf =
-            aligned(&self.slabs, pack.block_size as usize).map_err(BaseError::io(pack.path()))?;
-        let len = pack.block_size as usize;
-        pack.read_slot(&*self.io, rec.slot, &mut buf[..len])
-            .map_err(BaseError::io(pack.path()))?;
-        let mut data = buf[..len].to_vec();
-        let bad = |reason: &str| {
-            let e = BaseError::BlockCorrupt {
-                hash: hex::encode(hash),
-                pack: pack.path().to_owned(),
-                slot: rec.slot,
-                reason: reason.to_owned(),
-            };
-            tracing::error!(error = %e, "base block is damaged");
-            e
-        };
-        self.cipher
-            .decrypt_in_place_detached(
-                Nonce::from_slice(&rec.nonce),
-                hash,
-                &mut data,
-                Tag::from_slice(&rec.tag),
-            )
-            .map_err(|_| bad("it does not open under the host key (ciphertext or tag damaged)"))?;
-        if blake3::hash(&data).as_bytes() != hash {
-            return Err(bad("its content does not hash to its name"));
+        let mut out = vec![0u8; self.pack(rec.pack)?.block_size as usize];
+        self.packs.read_into(hash, &rec, &mut out)?;
+        Ok(out)
+    }
+
+    /// The tree of ready base `name` as nodes to graft into a new volume, each file block a
+    /// reference that carries the block's location (so reads need no index).
+    pub fn graft_nodes(&self, name: &str) -> Result<(BaseRecord, Vec<GraftNode>), BaseError> {
+        let record = self
+            .record(name)?
+            .filter(|r| r.state == BaseState::Ready)
+            .ok_or_else(|| BaseError::Unknown(name.to_owned()))?;
+        let mut entries: Vec<TreeEntry> = Vec::new();
+        let (start, end) = index::base_range(b'T', name);
+        let mut bad = None;
+        self.index.range(Family::Inodes, &start, &end, |_, v| {
+            match serde_json::from_slice(v) {
+                Ok(e) => entries.push(e),
+                Err(e) => bad = Some(e.to_string()),
+            }
+            true
+        })?;
+        if let Some(detail) = bad {
+            return Err(BaseError::Corrupt(format!("tree of base {name}: {detail}")));
         }
-        Ok(data)
+        let mut blocks: Vec<Vec<(u64, Vec<u8>)>> = vec![Vec::new(); entries.len()];
+        let (start, end) = index::base_range(b'K', name);
+        let mut refs: Vec<(usize, u64, BlockHash)> = Vec::new();
+        self.index.range(Family::Dirents, &start, &end, |k, v| {
+            let n = k.len();
+            if n >= 16 && v.len() == 32 {
+                let seq = u64::from_be_bytes(k[n - 16..n - 8].try_into().expect("8 bytes"));
+                let index = u64::from_be_bytes(k[n - 8..].try_into().expect("8 bytes"));
+                refs.push((seq as usize, index, v.try_into().expect("32 bytes")));
+            }
+            true
+        })?;
+        let mut records: HashMap<BlockHash, BlockRecord> = HashMap::new();
+        for (seq, index, hash) in refs {
+            let rec = match records.get(&hash) {
+                Some(r) => *r,
+                None => {
+                    let r = self
+                        .block_record(&hash)?
+                        .ok_or_else(|| BaseError::BlockMissing(hex::encode(hash)))?;
+                    records.insert(hash, r);
+                    r
+                }
+            };
+            blocks
+                .get_mut(seq)
+                .ok_or_else(|| {
+                    BaseError::Corrupt(format!("tree of base {name}: block of entry {seq}"))
+                })?
+                .push((index, encode_ref(&hash, &rec)));
+        }
+        let nodes = entries
+            .into_iter()
+            .zip(blocks)
+            .map(|(e, blocks)| GraftNode {
+                kind: match e.kind {
+                    EntryKind::File => FileKind::File,
+                    EntryKind::Dir => FileKind::Dir,
+                    EntryKind::Symlink => FileKind::Symlink,
+                    EntryKind::Fifo => FileKind::Fifo,
+                    EntryKind::Socket => FileKind::Socket,
+                    EntryKind::CharDev => FileKind::CharDev,
+                    EntryKind::BlockDev => FileKind::BlockDev,
+                },
+                perm: (e.mode & 0o7777) as u16,
+                uid: e.uid,
+                gid: e.gid,
+                mtime: UNIX_EPOCH
+                    + std::time::Duration::new(e.mtime_sec.max(0) as u64, e.mtime_nsec),
+                size: e.size,
+                rdev: e.rdev as u32,
+                target: e.target.unwrap_or_default(),
+                path: e.path,
+                blocks,
+            })
+            .collect();
+        Ok((record, nodes))
     }
 
     /// Imports `source` (a directory tree, or a raw image file) as base `name`, cutting files
@@ -391,6 +429,51 @@ impl BaseStore {
         Ok(self.info(&record))
     }
 
+    /// Tenants created from base `name`.
+    fn users(&self, name: &str) -> Result<Vec<String>, BaseError> {
+        Ok(crate::tenants::list(&self.data_root)?
+            .into_iter()
+            .filter(|t| t.base.as_deref() == Some(name))
+            .map(|t| t.name)
+            .collect())
+    }
+
+    /// Creates tenant `tenant` from ready base `base`: a new tenant store (own key, the base's
+    /// block size) holding the base's whole tree, its file blocks referencing the base's
+    /// blocks: no data is copied. If grafting fails, the tenant is deleted again.
+    pub fn create_tenant(
+        &self,
+        data: &DataDir,
+        host: &StoreHost,
+        tenant: &str,
+        base: &str,
+    ) -> Result<crate::tenants::TenantInfo, BaseError> {
+        let (record, nodes) = self.graft_nodes(base)?;
+        let info = crate::tenants::create_from(
+            data,
+            host,
+            tenant,
+            Some(record.block_size as u64),
+            Some(base),
+        )?;
+        let grafted = (|| -> Result<u64, BaseError> {
+            let volume = crate::volume::Volume::open(crate::tenants::open(data, host, tenant)?)?;
+            Ok(volume.graft(base, nodes)?)
+        })();
+        match grafted {
+            Ok(n) => {
+                tracing::info!(tenant, base, nodes = n, "tenant created from base");
+                Ok(info)
+            }
+            Err(e) => {
+                if let Err(d) = crate::tenants::delete(data, tenant) {
+                    tracing::error!(tenant, error = %d, "cannot remove a tenant whose graft failed");
+                }
+                Err(e)
+            }
+        }
+    }
+
     fn info(&self, r: &BaseRecord) -> BaseInfo {
         BaseInfo {
             name: r.name.clone(),
@@ -405,11 +488,19 @@ impl BaseStore {
 
     /// Every ready base, with host totals.
     pub fn list(&self) -> Result<BaseList, BaseError> {
+        let tenants = crate::tenants::list(&self.data_root)?;
         let bases: Vec<BaseInfo> = self
             .records()?
             .iter()
             .filter(|r| r.state == BaseState::Ready)
-            .map(|r| self.info(r))
+            .map(|r| BaseInfo {
+                tenants: tenants
+                    .iter()
+                    .filter(|t| t.base.as_deref() == Some(r.name.as_str()))
+                    .map(|t| t.name.clone())
+                    .collect(),
+                ..self.info(r)
+            })
             .collect();
         let mut stored = 0u64;
         let mut sizes: HashMap<u32, u64> = HashMap::new();
@@ -453,6 +544,13 @@ impl BaseStore {
         let mut r = self
             .record(name)?
             .ok_or_else(|| BaseError::Unknown(name.to_owned()))?;
+        let users = self.users(name)?;
+        if !users.is_empty() {
+            return Err(BaseError::InUse {
+                base: name.to_owned(),
+                tenants: users,
+            });
+        }
         r.state = BaseState::Deleting;
         let mut b = self.index.batch();
         self.put_record(&mut b, &r);
@@ -580,7 +678,7 @@ impl<'a> Importer<'a> {
             }
             _ => (store.new_pack(block_size)?, 0),
         };
-        let buf = aligned(&store.slabs, FLUSH_BLOCKS * block_size as usize)
+        let buf = aligned(&store.packs.slabs, FLUSH_BLOCKS * block_size as usize)
             .map_err(BaseError::io(pack.path()))?;
         Ok(Self {
             store,
@@ -646,7 +744,8 @@ impl<'a> Importer<'a> {
         slot.copy_from_slice(block);
         let tag = self
             .store
-            .cipher
+            .packs
+            .cipher()
             .encrypt_in_place_detached(Nonce::from_slice(&nonce), hash, slot)
             .map_err(|_| BaseError::Corrupt("AES-GCM refused to seal a block".into()))?;
         let rec = BlockRecord {
@@ -674,7 +773,7 @@ impl<'a> Importer<'a> {
             let bs = self.block_size as usize;
             self.pack
                 .write_slots(
-                    &*self.store.io,
+                    &*self.store.packs.io,
                     self.first_slot,
                     &self.buf[..self.buffered * bs],
                 )
@@ -721,13 +820,10 @@ impl BaseStore {
     fn new_pack(&self, block_size: u32) -> Result<Arc<Pack>, BaseError> {
         let id = self.pack_ids()?.last().map_or(1, |n| n + 1);
         let pack = Arc::new(
-            Pack::create(&self.packs_dir, id, block_size, &self.slabs)
+            Pack::create(&self.packs_dir, id, block_size, &self.packs.slabs)
                 .map_err(BaseError::io(&super::pack::pack_path(&self.packs_dir, id)))?,
         );
-        self.packs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(id, pack.clone());
+        self.packs.add_pack(pack.clone());
         Ok(pack)
     }
 }

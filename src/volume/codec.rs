@@ -5,11 +5,13 @@
 //! dirents  parent ino (u64 BE) ‖ name bytes  -> child ino (u64 BE) ‖ kind (u8)
 //! extents  ino (u64 BE) ‖ block index (u64 BE) -> tag (u8) ‖ payload
 //!            tag 0: private bytes (<= block size; the rest of the block reads as zeros)
-//!            tag 1: reference to a base block (32-byte BLAKE3 hash)  [base images]
+//!            tag 1: reference to a base block (opaque to the volume: the base module's
+//!                   hash ‖ pack ‖ slot ‖ nonce ‖ tag), read through `BaseBlocks`
 //!          absent: a hole (reads as zeros)
 //! meta     "volume"                          -> format version (u32 BE) ‖ block size (u32 BE)
 //!          "O" ‖ ino                         -> (empty) orphan: nlink 0, still open
 //!          "X" ‖ ino ‖ name                  -> xattr value
+//!          "grafting"                        -> base name, while a base tree is grafted in
 //! ```
 //!
 //! Big-endian integers keep keys of one inode together and in block order, so a file's extents
@@ -25,6 +27,9 @@ const ATTR_VERSION: u8 = 1;
 const ATTR_FIXED: usize = 84;
 
 pub(crate) const EXTENT_PRIVATE: u8 = 0;
+pub(crate) const EXTENT_BASE: u8 = 1;
+/// Present while a tree from a base image is being grafted into a new volume.
+pub(crate) const GRAFTING_KEY: &[u8] = b"grafting";
 
 pub(crate) fn ino_key(ino: u64) -> [u8; 8] {
     ino.to_be_bytes()

@@ -8,17 +8,26 @@
 //! that becomes all zeros is stored as a hole.
 
 mod codec;
+mod graft;
 mod locks;
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::store::{Family, StoreError};
 use crate::tenants::Tenant;
 
 use codec::*;
+pub use graft::GraftNode;
 use locks::InodeLocks;
+
+/// Where a volume reads the blocks it shares with a base image (extents tagged as base
+/// references). The volume treats a reference as opaque bytes.
+pub trait BaseBlocks: Send + Sync {
+    /// Fills `out` (one block) with the block `reference` names, or says why it cannot.
+    fn read(&self, reference: &[u8], out: &mut [u8]) -> std::result::Result<(), String>;
+}
 
 /// The root directory's inode number.
 pub const ROOT_INO: u64 = 1;
@@ -184,6 +193,17 @@ pub enum VolumeError {
     NoSpace,
     #[error("tenant {tenant}: inode {ino} record is damaged")]
     Damaged { tenant: String, ino: u64 },
+    #[error("tenant {tenant}: a base image block of inode {ino} cannot be read: {detail}")]
+    BaseBlock {
+        tenant: String,
+        ino: u64,
+        detail: String,
+    },
+    #[error(
+        "tenant {tenant} was being created from a base image when that was interrupted; \
+         delete it and create it again"
+    )]
+    Incomplete { tenant: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -208,6 +228,7 @@ impl VolumeError {
             VolumeError::NoMoreData => libc::ENXIO,
             VolumeError::NoSpace => libc::ENOSPC,
             VolumeError::Damaged { .. } => libc::EIO,
+            VolumeError::BaseBlock { .. } | VolumeError::Incomplete { .. } => libc::EIO,
             VolumeError::Store(e) if e.is_no_space() => libc::ENOSPC,
             VolumeError::Store(_) => libc::EIO,
         }
@@ -225,6 +246,7 @@ pub struct Volume {
     /// several keys.
     namespace: Mutex<()>,
     inodes: InodeLocks,
+    base: Option<Arc<dyn BaseBlocks>>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -307,9 +329,21 @@ impl Volume {
             next_ino: AtomicU64::new(max_ino + 1),
             namespace: Mutex::new(()),
             inodes: InodeLocks::new(),
+            base: None,
         };
+        if volume.db().get(Family::Meta, GRAFTING_KEY)?.is_some() {
+            return Err(VolumeError::Incomplete {
+                tenant: volume.tenant.info().name.clone(),
+            });
+        }
         volume.purge_orphans()?;
         Ok(volume)
+    }
+
+    /// Reads blocks shared with a base image through `base`.
+    pub fn with_base(mut self, base: Arc<dyn BaseBlocks>) -> Self {
+        self.base = Some(base);
+        self
     }
 
     pub fn tenant(&self) -> &Tenant {
@@ -881,6 +915,20 @@ impl Volume {
                 out[..data.len()].copy_from_slice(data);
                 out[data.len()..].fill(0);
                 Ok(())
+            }
+            Some((&EXTENT_BASE, reference)) => {
+                let err = |detail: String| {
+                    tracing::error!(tenant = %self.tenant.info().name, ino, %detail, "base block read failed");
+                    VolumeError::BaseBlock {
+                        tenant: self.tenant.info().name.clone(),
+                        ino,
+                        detail,
+                    }
+                };
+                match &self.base {
+                    Some(base) => base.read(reference, out).map_err(err),
+                    None => Err(err("this volume was opened without its base image".into())),
+                }
             }
             _ => Err(self.damaged(ino)),
         }
