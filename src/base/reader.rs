@@ -174,8 +174,9 @@ impl crate::volume::BaseBlocks for BaseBlockReader {
         self.packs
             .read_into(&hash, &rec, out)
             .map_err(|e| e.to_string())?;
-        if let Err(e) = cache.blocks().insert(hash, out) {
-            tracing::debug!(error = %e, "base block not cached");
+        match cache.blocks().insert(hash, out) {
+            Ok(_) => cache.block_inserted(),
+            Err(e) => tracing::debug!(error = %e, "base block not cached"),
         }
         Ok(())
     }

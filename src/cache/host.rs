@@ -2,13 +2,14 @@
 //!
 //! The RocksDB block cache (tenant stores' blocks, index/filter blocks, memtable charges) and the
 //! content-addressed block cache (shared base-image blocks) allocate from one slab allocator,
-//! and one budget bounds the two together: the capacities always add up to the budget. The
-//! content-addressed cache gets what it uses plus a slack of 1/16 of the budget to grow into
-//! (at least 1/16, at most 15/16), re-split on every budget change and on every governor tick
-//! ([`HostCache::rebalance`]); the RocksDB cache gets the rest. Shared base blocks serve many
-//! tenants per byte, so they may take memory from the tenant stores, 1/16 per tick.
+//! and one budget bounds the two together. Shared base blocks serve many tenants per byte, so
+//! they come first: the content-addressed cache may hold up to 3/4 of the budget, and the
+//! RocksDB cache gets what it leaves (at least 1/4). The split follows the content-addressed
+//! cache's use: it is redone on every budget change, every governor tick and every 64 block
+//! inserts ([`HostCache::rebalance`], [`HostCache::block_inserted`]), shrinking the RocksDB
+//! cache at once (its LRU evicts down to the new capacity before the call returns).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::store::{RocksBlockCache, RocksBlockCacheStats};
 
@@ -40,6 +41,7 @@ pub struct HostCache {
     rocks: RocksBlockCache,
     blocks: BlockCache,
     budget: AtomicU64,
+    inserts: AtomicU32,
 }
 
 impl HostCache {
@@ -50,6 +52,7 @@ impl HostCache {
             blocks: BlockCache::builder(0).slabs(slabs.clone()).build(),
             slabs,
             budget: AtomicU64::new(budget),
+            inserts: AtomicU32::new(0),
         };
         cache.rebalance();
         cache
@@ -81,16 +84,23 @@ impl HostCache {
     /// Re-splits the budget between the two caches (see the module doc).
     pub fn rebalance(&self) {
         let budget = self.budget();
-        let slack = budget / 16;
-        let blocks = (self.blocks.stats().used_bytes + slack).clamp(slack, budget - slack);
+        let blocks = budget / 4 * 3;
+        let rocks = budget - self.blocks.stats().used_bytes.min(blocks);
         // Shrink first, so the two never hold more than the budget between the calls.
-        let rocks = budget - blocks;
         if (rocks as usize) < self.rocks.capacity() {
             self.rocks.set_capacity(rocks as usize);
             self.set_blocks_budget(blocks);
         } else {
             self.set_blocks_budget(blocks);
             self.rocks.set_capacity(rocks as usize);
+        }
+    }
+
+    /// Tells the cache a block was inserted into the content-addressed cache: every 64th
+    /// re-splits the budget, so that cache can grow between governor ticks.
+    pub fn block_inserted(&self) {
+        if self.inserts.fetch_add(1, Ordering::Relaxed) % 64 == 63 {
+            self.rebalance();
         }
     }
 
@@ -168,34 +178,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn capacities_add_up_to_the_budget() {
+    fn the_two_caches_stay_within_one_budget() {
         let c = HostCache::new(64 << 20);
-        let check = |c: &HostCache| {
-            let s = c.stats();
-            assert_eq!(
-                s.rocksdb.capacity_bytes + s.blocks.budget_bytes,
-                s.budget_bytes
-            );
+        let fill = |c: &HostCache, seed: u32, n: u32| {
+            for i in 0..n {
+                let mut data = vec![0u8; 4096];
+                data[..8].copy_from_slice(&(u64::from(seed) << 32 | u64::from(i)).to_le_bytes());
+                c.blocks()
+                    .insert(*blake3::hash(&data).as_bytes(), &data)
+                    .unwrap();
+                c.block_inserted();
+            }
         };
-        check(&c);
-        assert_eq!(c.stats().blocks.budget_bytes, 4 << 20, "slack only");
-        for i in 0..1000u32 {
-            let data = vec![i as u8; 4096];
-            c.blocks()
-                .insert(*blake3::hash(&data).as_bytes(), &data)
-                .unwrap();
-        }
-        c.rebalance();
-        check(&c);
-        let grown = c.stats().blocks.budget_bytes;
-        assert!(
-            grown > 4 << 20,
-            "the block cache may grow into its slack: {grown}"
+        assert_eq!(c.stats().blocks.budget_bytes, 48 << 20, "3/4 of the budget");
+        assert_eq!(
+            c.stats().rocksdb.capacity_bytes,
+            64 << 20,
+            "all of it while unused"
         );
+        // 8192 blocks of 4 KiB = 32 MiB in the block cache: RocksDB's share follows.
+        fill(&c, 1, 8192);
+        c.rebalance();
+        let s = c.stats();
+        assert!(s.blocks.used_bytes >= 31 << 20, "{s:?}");
+        assert_eq!(s.rocksdb.capacity_bytes, (64 << 20) - s.blocks.used_bytes);
+        // More than 3/4: the block cache evicts, RocksDB keeps its quarter.
+        fill(&c, 2, 8192);
+        c.rebalance();
+        let s = c.stats();
+        assert!(s.blocks.used_bytes <= 48 << 20, "{s:?}");
+        assert!(s.rocksdb.capacity_bytes >= 16 << 20, "{s:?}");
         c.set_budget(16 << 20);
-        check(&c);
         assert!(c.used() <= 16 << 20);
-        assert!(c.stats().blocks.budget_bytes <= 15 << 20);
+        assert!(c.stats().blocks.budget_bytes <= 12 << 20);
     }
 
     #[test]
