@@ -91,6 +91,8 @@ enum BaseCommand {
     Verify,
     /// Delete base NAME (blocks no other base holds become garbage for `base gc`).
     Delete { name: String },
+    /// Give back the disk space of blocks no base holds any more.
+    Gc,
 }
 
 #[derive(Subcommand)]
@@ -530,7 +532,26 @@ fn base_command(cli: &Cli, cmd: &BaseCommand) -> Result<()> {
         }
         BaseCommand::Delete { name } => {
             store.delete(name)?;
-            println!("deleted base {name}");
+            println!("deleted base {name}; run `tenantfs base gc` to reclaim its disk space");
+        }
+        BaseCommand::Gc => {
+            let tty = std::io::IsTerminal::is_terminal(&std::io::stderr());
+            let r = store.gc(&mut |p: Progress| {
+                if tty && p.total_bytes > 0 {
+                    eprint!("\rbase gc: pack {} of {}", p.done_bytes, p.total_bytes);
+                }
+            })?;
+            if tty {
+                eprintln!();
+            }
+            println!(
+                "base gc: {} packs, {} live blocks, {} garbage slots, {} packs deleted, {} reclaimed",
+                r.packs,
+                r.live_blocks,
+                r.garbage_slots,
+                r.packs_deleted,
+                ByteSize(r.reclaimed_bytes)
+            );
         }
     }
     Ok(())

@@ -168,14 +168,28 @@ fn delete_releases_only_unshared_blocks() {
     s.import("a", &a, BS, &mut no_progress).unwrap();
     s.import("b", &b, BS, &mut no_progress).unwrap();
     assert_eq!(s.list().unwrap().host.stored_bytes, 10 * 4096);
+    let disk_before = s.list().unwrap().host.pack_bytes;
     s.delete("a").unwrap();
     let l = s.list().unwrap();
     assert_eq!(l.host.stored_bytes, 6 * 4096, "b's blocks stay");
+    assert_eq!(l.host.pack_bytes, disk_before, "delete alone frees no disk");
+    let gc = s.gc(&mut no_progress).unwrap();
+    assert_eq!((gc.live_blocks, gc.garbage_slots), (6, 4), "{gc:?}");
+    assert_eq!(gc.reclaimed_bytes, 4 * 4096, "{gc:?}");
+    assert_eq!(s.list().unwrap().host.pack_bytes, disk_before - 4 * 4096);
+    let again = s.gc(&mut no_progress).unwrap();
+    assert_eq!(again.reclaimed_bytes, 0, "gc twice is harmless: {again:?}");
     assert_eq!(l.bases.len(), 1);
     assert!(s.verify().unwrap().is_clean());
     assert!(matches!(s.delete("a").unwrap_err(), BaseError::Unknown(_)));
     s.delete("b").unwrap();
     assert_eq!(s.list().unwrap().host.stored_bytes, 0);
+    s.gc(&mut no_progress).unwrap();
+    assert_eq!(
+        s.list().unwrap().host.pack_bytes,
+        4096,
+        "only the append pack's header is left"
+    );
     // The same tree again after its blocks were dropped: stored again, readable.
     s.import("a", &a, BS, &mut no_progress).unwrap();
     assert_eq!(s.list().unwrap().host.stored_bytes, 8 * 4096);
@@ -231,6 +245,11 @@ fn kill9_during_import_leaves_a_store_that_opens_and_verifies() {
     );
     let out = h.ok(&["base", "verify"]);
     assert!(out.contains("all intact"), "{out}");
+    // The interrupted import's slots are garbage: gc gives them back, and everything still
+    // verifies.
+    let out = h.ok(&["base", "gc"]);
+    assert!(!out.contains(" 0 garbage slots"), "{out}");
+    assert!(h.ok(&["base", "verify"]).contains("all intact"));
     // And it can be imported again.
     h.ok(&["base", "import", "big", src.to_str().unwrap()]);
     let list: serde_json::Value = serde_json::from_str(&h.ok(&["base", "list", "--json"])).unwrap();

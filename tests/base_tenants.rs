@@ -95,11 +95,30 @@ fn tenants_from_one_base_share_it_and_keep_changes_private() {
         "{list}"
     );
     assert!(h.ok(&["base", "verify"]).contains("all intact"));
-    drop((a, b, c));
-    for t in ["a", "b", "c"] {
+    // Deleting a tenant frees nothing of the base: its blocks are still the base's and b's.
+    drop(a);
+    h.ok(&["tenant", "delete", "a"]);
+    let gc = h.ok(&["base", "gc"]);
+    assert!(gc.contains(" 0 garbage slots"), "{gc}");
+    assert_same_tree(
+        &want,
+        &manifest(&mb),
+        "tenant b after a was deleted and gc ran",
+    );
+    drop((b, c));
+    for t in ["b", "c"] {
         h.ok(&["tenant", "delete", t]);
     }
     h.ok(&["base", "delete", "os"]);
+    // Now nothing holds the blocks: gc gives the disk space back.
+    let stored = |h: &Host| -> u64 {
+        let l: serde_json::Value =
+            serde_json::from_str(&h.ok(&["base", "list", "--json"])).unwrap();
+        l["host"]["pack_bytes"].as_u64().unwrap()
+    };
+    let before = stored(&h);
+    let gc = h.ok(&["base", "gc"]);
+    assert!(before - stored(&h) >= 3 << 20, "gc freed too little: {gc}");
     let err = h.fails(&["tenant", "create", "d", "--base", "os"]);
     assert!(err.contains("no base named os"), "{err}");
 }

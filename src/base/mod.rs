@@ -16,8 +16,8 @@ mod tree;
 pub use pack::{PackIo, PreadIo};
 pub use reader::{BaseBlockReader, PackReader};
 pub use store::{
-    BaseInfo, BaseList, BaseRecord, BaseState, BaseStore, HostTotals, Progress, SourceKind,
-    VerifyReport,
+    BaseInfo, BaseList, BaseRecord, BaseState, BaseStore, GcReport, HostTotals, Progress,
+    SourceKind, VerifyReport,
 };
 pub use tree::{EntryKind, TreeEntry};
 

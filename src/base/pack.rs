@@ -140,6 +140,26 @@ impl Pack {
         self.file.sync_data()
     }
 
+    /// Gives the disk space of `count` slots from `first` back to the filesystem (a hole; reads
+    /// as zeros). The file keeps its size, so no slot moves.
+    pub fn punch(&self, first: u32, count: u32) -> io::Result<()> {
+        use nix::fcntl::{fallocate, FallocateFlags};
+        use std::os::fd::AsRawFd;
+        fallocate(
+            self.file.as_raw_fd(),
+            FallocateFlags::FALLOC_FL_PUNCH_HOLE | FallocateFlags::FALLOC_FL_KEEP_SIZE,
+            self.offset(first) as i64,
+            count as i64 * self.block_size as i64,
+        )
+        .map_err(io::Error::from)
+    }
+
+    /// Bytes the file takes on disk (holes excluded).
+    pub fn allocated_bytes(&self) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(self.file.metadata()?.blocks() * 512)
+    }
+
     /// Slots the file has room for (written or not).
     pub fn slots_on_disk(&self) -> io::Result<u64> {
         let len = self.file.metadata()?.len();

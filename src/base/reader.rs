@@ -88,6 +88,13 @@ impl PackReader {
         Ok(p)
     }
 
+    pub(crate) fn forget(&self, id: u32) {
+        self.packs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+    }
+
     pub(crate) fn add_pack(&self, pack: Arc<Pack>) {
         self.packs
             .lock()

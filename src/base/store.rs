@@ -82,8 +82,8 @@ pub struct HostTotals {
     pub logical_bytes: u64,
     /// Bytes of blocks stored (each once, whatever number of bases holds it).
     pub stored_bytes: u64,
-    /// Bytes of pack slots on disk, garbage included (what `base gc` could reclaim is
-    /// `pack_bytes - stored_bytes`).
+    /// Bytes the pack files take on disk, garbage and headers included (`base gc` gives the
+    /// garbage back).
     pub pack_bytes: u64,
 }
 
@@ -98,6 +98,19 @@ pub struct BaseList {
 pub struct Progress {
     pub done_bytes: u64,
     pub total_bytes: u64,
+}
+
+/// What `gc` did.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct GcReport {
+    pub packs: u64,
+    pub live_blocks: u64,
+    /// Slots no block record points at (dropped blocks, interrupted imports), now holes.
+    pub garbage_slots: u64,
+    /// Pack files that held no live block, deleted.
+    pub packs_deleted: u64,
+    /// Disk bytes given back (before minus after).
+    pub reclaimed_bytes: u64,
 }
 
 /// What `verify` found.
@@ -526,7 +539,7 @@ impl BaseStore {
         let mut pack_bytes = 0;
         for id in self.pack_ids()? {
             let p = self.pack(id)?;
-            pack_bytes += p.slots_on_disk().map_err(BaseError::io(p.path()))? * p.block_size as u64;
+            pack_bytes += p.allocated_bytes().map_err(BaseError::io(p.path()))?;
         }
         Ok(BaseList {
             host: HostTotals {
@@ -594,6 +607,97 @@ impl BaseStore {
         self.index.write(b)?;
         self.index.sync()?;
         Ok(())
+    }
+
+    /// Gives back the disk space of pack slots that no block record points at: runs of such
+    /// slots become holes (the file keeps its size, so no live block moves and tenants'
+    /// references stay valid), and a pack with no live block left is deleted (never the one
+    /// imports append to). It changes no index entry, so a crash at any point is harmless and
+    /// running it again finishes the job.
+    pub fn gc(&self, progress: &mut dyn FnMut(Progress)) -> Result<GcReport, BaseError> {
+        let mut live: HashMap<u32, HashSet<u32>> = HashMap::new();
+        let mut bad = false;
+        self.index.range(
+            Family::Extents,
+            index::BLOCKS_START,
+            index::BLOCKS_END,
+            |_, v| {
+                match BlockRecord::decode(v) {
+                    Some(r) => {
+                        live.entry(r.pack).or_default().insert(r.slot);
+                    }
+                    None => bad = true,
+                }
+                true
+            },
+        )?;
+        if bad {
+            return Err(BaseError::Corrupt("a block record is malformed".into()));
+        }
+        // Where imports append: those packs stay, and slots from the append point on are not
+        // garbage but free.
+        let mut appending: HashMap<u32, u32> = HashMap::new();
+        self.index.range(Family::Meta, b"P", b"Q", |_, v| {
+            if v.len() == 8 {
+                appending.insert(
+                    u32::from_be_bytes(v[..4].try_into().expect("4 bytes")),
+                    u32::from_be_bytes(v[4..].try_into().expect("4 bytes")),
+                );
+            }
+            true
+        })?;
+        let ids = self.pack_ids()?;
+        let mut report = GcReport {
+            live_blocks: live.values().map(|s| s.len() as u64).sum(),
+            ..GcReport::default()
+        };
+        for (n, id) in ids.iter().enumerate() {
+            progress(Progress {
+                done_bytes: n as u64,
+                total_bytes: ids.len() as u64,
+            });
+            report.packs += 1;
+            let pack = self.pack(*id)?;
+            let path = pack.path().to_owned();
+            let io = BaseError::io(&path);
+            let before = pack.allocated_bytes().map_err(&io)?;
+            let slots_live = live.get(id);
+            if slots_live.is_none() && !appending.contains_key(id) {
+                drop(pack);
+                self.packs.forget(*id);
+                std::fs::remove_file(&path).map_err(BaseError::io(&path))?;
+                report.packs_deleted += 1;
+                report.reclaimed_bytes += before;
+                continue;
+            }
+            let end = match appending.get(id) {
+                Some(&next) => next as u64,
+                None => pack.slots_on_disk().map_err(&io)?,
+            };
+            let mut run: Option<(u32, u32)> = None;
+            for slot in 0..end as u32 {
+                let garbage = !slots_live.is_some_and(|s| s.contains(&slot));
+                if garbage {
+                    report.garbage_slots += 1;
+                    run = Some(match run {
+                        Some((first, n)) => (first, n + 1),
+                        None => (slot, 1),
+                    });
+                } else if let Some((first, n)) = run.take() {
+                    pack.punch(first, n).map_err(&io)?;
+                }
+            }
+            if let Some((first, n)) = run {
+                pack.punch(first, n).map_err(&io)?;
+            }
+            report.reclaimed_bytes += before.saturating_sub(pack.allocated_bytes().map_err(&io)?);
+        }
+        progress(Progress {
+            done_bytes: ids.len() as u64,
+            total_bytes: ids.len() as u64,
+        });
+        tracing::info!(?report, "base gc done");
+        Ok(report)
     }
 
     /// Reads every stored block back and checks it; and that every block a tree names exists.
