@@ -12,7 +12,11 @@ mod pack;
 mod reader;
 mod store;
 mod tree;
+mod uring;
 
+/// `Pack` is public for `examples/bench_pack_io.rs` only (not a stable interface).
+#[doc(hidden)]
+pub use pack::Pack;
 pub use pack::{PackIo, PreadIo};
 pub use reader::{BaseBlockReader, PackReader};
 pub use store::{
@@ -20,6 +24,7 @@ pub use store::{
     SourceKind, VerifyReport,
 };
 pub use tree::{EntryKind, TreeEntry};
+pub use uring::UringIo;
 
 use std::path::{Path, PathBuf};
 

@@ -19,11 +19,23 @@ const MAGIC: &[u8; 8] = b"TFSPACK1";
 /// Slots per pack file: 1 GiB of 4 KiB blocks.
 pub const MAX_SLOTS: u32 = 1 << 18;
 
-/// How pack bytes move between memory and disk (`pread`/`pwrite` today; an io_uring engine is
-/// the other candidate, kept where a benchmark shows it faster).
+/// How pack bytes move between memory and disk: [`PreadIo`] (`pread`/`pwrite`) or
+/// [`UringIo`](super::UringIo) (io_uring on a dedicated thread); BENCHMARKS.md says which is
+/// faster for which path. Buffers are page-aligned (O_DIRECT) and reads are exact: a slot is
+/// always fully present, so a short read is an error.
 pub trait PackIo: Send + Sync {
     fn read_at(&self, file: &File, buf: &mut [u8], offset: u64) -> io::Result<()>;
     fn write_at(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()>;
+
+    /// Reads each `(offset, buffer)`, e.g. a prefetch of the following blocks in one call.
+    /// On error, which of the other buffers were filled depends on the engine (this default
+    /// stops at the first failing read; `UringIo` completes them all).
+    fn read_many(&self, file: &File, reads: &mut [(u64, &mut [u8])]) -> io::Result<()> {
+        for (offset, buf) in reads.iter_mut() {
+            self.read_at(file, buf, *offset)?;
+        }
+        Ok(())
+    }
 }
 
 /// Plain positional reads and writes.
@@ -136,6 +148,16 @@ impl Pack {
         io.read_at(&self.file, buf, self.offset(slot))
     }
 
+    /// Reads several slots in one call (`(slot, buffer)`, each buffer aligned and one block
+    /// long): with `UringIo` all of them are in flight at once.
+    pub fn read_slots(&self, io: &dyn PackIo, reads: &mut [(u32, &mut [u8])]) -> io::Result<()> {
+        let mut at: Vec<(u64, &mut [u8])> = reads
+            .iter_mut()
+            .map(|(slot, buf)| (self.offset(*slot), &mut **buf))
+            .collect();
+        io.read_many(&self.file, &mut at)
+    }
+
     pub fn sync(&self) -> io::Result<()> {
         self.file.sync_data()
     }
@@ -192,6 +214,16 @@ mod tests {
             Pack::create(dir.path(), 7, 4096, &slabs).is_err(),
             "never overwritten"
         );
+        let engines: [&dyn PackIo; 2] = [&PreadIo, &crate::base::UringIo::new().unwrap()];
+        for io in engines {
+            let (mut a, mut b) = (
+                aligned(&slabs, 4096).unwrap(),
+                aligned(&slabs, 4096).unwrap(),
+            );
+            p.read_slots(io, &mut [(4, &mut a[..4096]), (2, &mut b[..4096])])
+                .unwrap();
+            assert!(a[..4096].iter().all(|&x| x == 3) && b[..4096].iter().all(|&x| x == 1));
+        }
         std::fs::rename(pack_path(dir.path(), 7), pack_path(dir.path(), 8)).unwrap();
         let e = Pack::open(dir.path(), 8, &slabs).err().unwrap();
         assert!(e.to_string().contains("does not match"), "{e}");
