@@ -140,6 +140,14 @@ fn main() {
         for i in 0..records {
             db.get(Family::Extents, &key(i)).unwrap();
         }
+        // The cache is charged by slab slot size: check that it really holds the data.
+        let st = host.block_cache().stats();
+        eprintln!(
+            "regime C after warm-up: cache usage {} MiB of {} MiB, {} evictions",
+            st.usage_bytes >> 20,
+            st.capacity_bytes >> 20,
+            st.evictions
+        );
         run(&db, records, secs, "C: cache > data + O_DIRECT", &mut rows);
     }
 

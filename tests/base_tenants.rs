@@ -14,8 +14,8 @@ use std::process::Command;
 use common::noise;
 use mount::*;
 
-/// A small real tree: this crate's sources, a multi-block file, a symlink, a sparse file,
-/// odd modes.
+/// A small real tree: this crate's sources, a multi-block file, a file of one repeated block,
+/// a symlink, a sparse file, odd modes.
 fn make_source(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     check(
@@ -24,6 +24,8 @@ fn make_source(dir: &Path) {
             .arg(dir),
     );
     std::fs::write(dir.join("big.bin"), noise(3, (3 << 20) + 123)).unwrap();
+    // One block 16 times (stored once; one read fetches it once for all 16).
+    std::fs::write(dir.join("repeat.bin"), noise(5, 4096).repeat(16)).unwrap();
     std::os::unix::fs::symlink("src/lib.rs", dir.join("link")).unwrap();
     let f = std::fs::File::create(dir.join("sparse")).unwrap();
     f.set_len(8 << 20).unwrap();

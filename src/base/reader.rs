@@ -11,6 +11,7 @@ use aes_gcm::{Aes256Gcm, Nonce, Tag};
 
 use super::index::BlockRecord;
 use super::pack::{aligned, pack_path, Pack, PackIo, PreadIo};
+use super::uring::UringIo;
 use super::{BaseError, BlockHash};
 use crate::cache::{HostCache, SlabAllocator};
 use crate::data_dir::DataDir;
@@ -122,6 +123,18 @@ impl PackReader {
         pack.read_slot(&*self.io, rec.slot, &mut buf[..len])
             .map_err(BaseError::io(pack.path()))?;
         out.copy_from_slice(&buf[..len]);
+        self.open_block(&pack, hash, rec, out)
+    }
+
+    /// Opens (decrypts) `data`, the ciphertext of block `hash` read from `rec`'s slot of
+    /// `pack`, in place and checks it against its name.
+    fn open_block(
+        &self,
+        pack: &Pack,
+        hash: &BlockHash,
+        rec: &BlockRecord,
+        data: &mut [u8],
+    ) -> Result<(), BaseError> {
         let bad = |reason: &str| {
             let e = BaseError::BlockCorrupt {
                 hash: hex::encode(hash),
@@ -136,12 +149,95 @@ impl PackReader {
             .decrypt_in_place_detached(
                 Nonce::from_slice(&rec.nonce),
                 hash,
-                out,
+                data,
                 Tag::from_slice(&rec.tag),
             )
             .map_err(|_| bad("it does not open under the host key (ciphertext or tag damaged)"))?;
-        if blake3::hash(out).as_bytes() != hash {
+        if blake3::hash(data).as_bytes() != hash {
             return Err(bad("its content does not hash to its name"));
+        }
+        Ok(())
+    }
+
+    /// Reads several blocks: consecutive slots of one pack in one read each (a run), the runs
+    /// all in flight at once through `batch` when there are several (io_uring: see
+    /// BENCHMARKS.md, "Base pack I/O engines"), else with pread. `outs[i]` gets `blocks[i]`.
+    pub fn read_many_into(
+        &self,
+        batch: Option<&dyn PackIo>,
+        blocks: &[(BlockHash, BlockRecord)],
+        outs: &mut [&mut [u8]],
+    ) -> Result<(), BaseError> {
+        let mut order: Vec<usize> = (0..blocks.len()).collect();
+        order.sort_by_key(|&i| (blocks[i].1.pack, blocks[i].1.slot));
+        // Runs of (pack, first slot, slot count, indices into `blocks`), at most 64 slots.
+        let mut runs: Vec<(u32, u32, u32, Vec<usize>)> = Vec::new();
+        for i in order {
+            let r = &blocks[i].1;
+            match runs.last_mut() {
+                // The same block again (a file repeating a block): read once.
+                Some((pack, first, n, members)) if *pack == r.pack && *first + *n == r.slot + 1 => {
+                    members.push(i)
+                }
+                Some((pack, first, n, members))
+                    if *pack == r.pack && *n < 64 && *first + *n == r.slot =>
+                {
+                    *n += 1;
+                    members.push(i)
+                }
+                _ => runs.push((r.pack, r.slot, 1, vec![i])),
+            }
+        }
+        let mut bufs = Vec::with_capacity(runs.len());
+        for (pack, _, n, _) in &runs {
+            let p = self.pack(*pack)?;
+            bufs.push(
+                aligned(&self.slabs, *n as usize * p.block_size as usize)
+                    .map_err(BaseError::io(p.path()))?,
+            );
+        }
+        match batch {
+            Some(io) if runs.len() > 1 => {
+                let mut by_pack: HashMap<u32, Vec<(u32, &mut [u8])>> = HashMap::new();
+                for ((pack, first, n, _), buf) in runs.iter().zip(bufs.iter_mut()) {
+                    let bs = self.pack(*pack)?.block_size as usize;
+                    by_pack
+                        .entry(*pack)
+                        .or_default()
+                        .push((*first, &mut buf[..*n as usize * bs]));
+                }
+                for (pack, mut reads) in by_pack {
+                    let p = self.pack(pack)?;
+                    p.read_slots(io, &mut reads)
+                        .map_err(BaseError::io(p.path()))?;
+                }
+            }
+            _ => {
+                for ((pack, first, n, _), buf) in runs.iter().zip(bufs.iter_mut()) {
+                    let p = self.pack(*pack)?;
+                    let len = *n as usize * p.block_size as usize;
+                    p.read_slot(&*self.io, *first, &mut buf[..len])
+                        .map_err(BaseError::io(p.path()))?;
+                }
+            }
+        }
+        for ((pack, first, _, members), buf) in runs.iter().zip(bufs.iter()) {
+            let p = self.pack(*pack)?;
+            let bs = p.block_size as usize;
+            for &i in members {
+                let (hash, rec) = &blocks[i];
+                let at = (rec.slot - first) as usize * bs;
+                let out = &mut outs[i];
+                if out.len() != bs {
+                    return Err(BaseError::Corrupt(format!(
+                        "block {} is {bs} bytes in its pack, {} expected",
+                        hex::encode(hash),
+                        out.len()
+                    )));
+                }
+                out.copy_from_slice(&buf[at..at + bs]);
+                self.open_block(&p, hash, rec, out)?;
+            }
         }
         Ok(())
     }
@@ -152,13 +248,42 @@ impl PackReader {
 pub struct BaseBlockReader {
     packs: PackReader,
     cache: Option<Arc<HostCache>>,
+    /// io_uring for batches of scattered runs; `None` where io_uring is unavailable.
+    batch: Option<UringIo>,
 }
 
 impl BaseBlockReader {
     pub fn new(data: &DataDir, cache: Option<Arc<HostCache>>) -> Self {
+        let batch = match UringIo::new() {
+            Ok(u) => Some(u),
+            Err(e) => {
+                tracing::info!(error = %e, "io_uring unavailable; base block batches use pread");
+                None
+            }
+        };
         Self {
             packs: PackReader::new(data),
             cache,
+            batch,
+        }
+    }
+
+    fn cached(&self, hash: &BlockHash, out: &mut [u8]) -> bool {
+        match self.cache.as_ref().and_then(|c| c.blocks().get(hash)) {
+            Some(b) if b.len() == out.len() => {
+                out.copy_from_slice(&b);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn cache_insert(&self, hash: BlockHash, data: &[u8]) {
+        if let Some(cache) = &self.cache {
+            match cache.blocks().insert(hash, data) {
+                Ok(_) => cache.block_inserted(),
+                Err(e) => tracing::debug!(error = %e, "base block not cached"),
+            }
         }
     }
 }
@@ -166,24 +291,44 @@ impl BaseBlockReader {
 impl crate::volume::BaseBlocks for BaseBlockReader {
     fn read(&self, reference: &[u8], out: &mut [u8]) -> Result<(), String> {
         let (hash, rec) = decode_ref(reference).ok_or("malformed base block reference")?;
-        let Some(cache) = &self.cache else {
-            return self
-                .packs
-                .read_into(&hash, &rec, out)
-                .map_err(|e| e.to_string());
-        };
-        if let Some(b) = cache.blocks().get(&hash) {
-            if b.len() == out.len() {
-                out.copy_from_slice(&b);
-                return Ok(());
-            }
+        if self.cached(&hash, out) {
+            return Ok(());
         }
         self.packs
             .read_into(&hash, &rec, out)
             .map_err(|e| e.to_string())?;
-        match cache.blocks().insert(hash, out) {
-            Ok(_) => cache.block_inserted(),
-            Err(e) => tracing::debug!(error = %e, "base block not cached"),
+        self.cache_insert(hash, out);
+        Ok(())
+    }
+
+    fn read_many(&self, refs: &[&[u8]], outs: &mut [&mut [u8]]) -> Result<(), String> {
+        let mut misses: Vec<(BlockHash, BlockRecord)> = Vec::new();
+        let mut miss_outs: Vec<usize> = Vec::new();
+        for (i, r) in refs.iter().enumerate() {
+            let (hash, rec) = decode_ref(r).ok_or("malformed base block reference")?;
+            if !self.cached(&hash, outs[i]) {
+                misses.push((hash, rec));
+                miss_outs.push(i);
+            }
+        }
+        if misses.is_empty() {
+            return Ok(());
+        }
+        let bs = outs[miss_outs[0]].len();
+        let mut scratch = vec![0u8; misses.len() * bs];
+        {
+            let mut parts: Vec<&mut [u8]> = scratch.chunks_mut(bs).collect();
+            self.packs
+                .read_many_into(
+                    self.batch.as_ref().map(|u| u as &dyn PackIo),
+                    &misses,
+                    &mut parts,
+                )
+                .map_err(|e| e.to_string())?;
+        }
+        for ((hash, _), (i, data)) in misses.iter().zip(miss_outs.iter().zip(scratch.chunks(bs))) {
+            outs[*i].copy_from_slice(data);
+            self.cache_insert(*hash, data);
         }
         Ok(())
     }

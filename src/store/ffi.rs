@@ -226,6 +226,8 @@ impl Drop for CacheChargedWriteBuffers {
 pub(crate) struct TableSettings {
     pub bloom_bits_per_key: f64,
     pub format_version: i32,
+    /// Target size of data blocks and of index/filter partitions.
+    pub block_size: usize,
 }
 
 /// Puts a block-based table factory on `opts` that caches blocks (and index/filter blocks, L0's
@@ -249,6 +251,21 @@ pub(crate) fn attach_cache(
             sys::rocksdb_filterpolicy_create_bloom_full(table.bloom_bits_per_key),
         );
         sys::rocksdb_block_based_options_set_format_version(t, table.format_version);
+        sys::rocksdb_block_based_options_set_block_size(t, table.block_size);
+        // Cut a block early when the next entry would overflow it and it is half full, so
+        // blocks stay under the target (one slab slot) instead of overshooting by an entry.
+        sys::rocksdb_block_based_options_set_block_size_deviation(t, 50);
+        // Partitioned index and filters: cached in block-size pieces (the top level pinned)
+        // instead of one index and one filter block of hundreds of KiB per file, which a
+        // small cache would thrash and a slab would hold in a large slot.
+        sys::rocksdb_block_based_options_set_index_type(
+            t,
+            sys::rocksdb_block_based_table_index_type_two_level_index_search as i32,
+        );
+        sys::rocksdb_block_based_options_set_partition_filters(t, 1);
+        sys::rocksdb_block_based_options_set_metadata_block_size(t, table.block_size as u64);
+        sys::rocksdb_block_based_options_set_pin_top_level_index_and_filter(t, 1);
+        sys::rocksdb_block_based_options_set_cache_index_and_filter_blocks_with_high_priority(t, 1);
         sys::rocksdb_options_set_block_based_table_factory(opts.as_raw_ptr(), t);
         sys::rocksdb_block_based_options_destroy(t);
         sys::rocksdb_options_set_write_buffer_manager(

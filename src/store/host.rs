@@ -133,7 +133,8 @@ impl StoreHost {
     /// Options for one tenant store (DB-wide and for each column family).
     pub(crate) fn options(&self, direct_io: bool) -> Options {
         let mut opts = Options::default();
-        // Index and filter blocks cached (and charged) too, L0's pinned; full bloom filters.
+        // Index and filter blocks cached (and charged) too, partitioned, L0's and the top
+        // levels pinned; full bloom filters.
         super::ffi::attach_cache(
             &mut opts,
             self.cache.lru(),
@@ -141,6 +142,9 @@ impl StoreHost {
             &TableSettings {
                 bloom_bits_per_key: 10.0,
                 format_version: 6,
+                // A block plus its 5-byte trailer and the cut-off slack should fit one 4 KiB
+                // slab slot (4096 would make most blocks 4.1-5 KiB: 8 KiB slots).
+                block_size: 4096 - 160,
             },
         );
         // No compression in L0 and L1: they are rewritten soonest (flush, first compaction),

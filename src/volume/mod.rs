@@ -27,6 +27,15 @@ use locks::InodeLocks;
 pub trait BaseBlocks: Send + Sync {
     /// Fills `out` (one block) with the block `reference` names, or says why it cannot.
     fn read(&self, reference: &[u8], out: &mut [u8]) -> std::result::Result<(), String>;
+
+    /// Several blocks at once (the base blocks of one read request), so an engine can fetch
+    /// neighbouring blocks in one I/O: `outs[i]` gets `refs[i]`.
+    fn read_many(&self, refs: &[&[u8]], outs: &mut [&mut [u8]]) -> std::result::Result<(), String> {
+        for (r, out) in refs.iter().zip(outs.iter_mut()) {
+            self.read(r, out)?;
+        }
+        Ok(())
+    }
 }
 
 /// The root directory's inode number.
@@ -996,16 +1005,25 @@ impl Volume {
         let last = (end - 1) / bs;
         let mut block = vec![0u8; bs as usize];
         let mut err = None;
-        let mut copy = |index: u64, value: &[u8]| -> bool {
-            if let Err(e) = self.decode_block_into(ino, value, &mut block) {
-                err = Some(e);
-                return false;
-            }
+        // Blocks shared with a base image are fetched together after the lookups.
+        let mut base_refs: Vec<(u64, Vec<u8>)> = Vec::new();
+        let place = |out: &mut [u8], index: u64, block: &[u8]| {
             let block_start = index * bs;
             let lo = offset.max(block_start);
             let hi = end.min(block_start + bs);
             out[(lo - offset) as usize..(hi - offset) as usize]
                 .copy_from_slice(&block[(lo - block_start) as usize..(hi - block_start) as usize]);
+        };
+        let mut copy = |index: u64, value: &[u8]| -> bool {
+            if value.first() == Some(&EXTENT_BASE) && self.base.is_some() {
+                base_refs.push((index, value[1..].to_vec()));
+                return true;
+            }
+            if let Err(e) = self.decode_block_into(ino, value, &mut block) {
+                err = Some(e);
+                return false;
+            }
+            place(&mut out, index, &block);
             true
         };
         let blocks = last - first + 1;
@@ -1029,6 +1047,22 @@ impl Volume {
         }
         if let Some(e) = err {
             return Err(e);
+        }
+        if let (Some(base), false) = (&self.base, base_refs.is_empty()) {
+            let mut blocks = vec![0u8; base_refs.len() * bs as usize];
+            let refs: Vec<&[u8]> = base_refs.iter().map(|(_, r)| r.as_slice()).collect();
+            let mut outs: Vec<&mut [u8]> = blocks.chunks_mut(bs as usize).collect();
+            base.read_many(&refs, &mut outs).map_err(|detail| {
+                tracing::error!(tenant = %self.tenant.info().name, ino, %detail, "base block read failed");
+                VolumeError::BaseBlock {
+                    tenant: self.tenant.info().name.clone(),
+                    ino,
+                    detail,
+                }
+            })?;
+            for ((index, _), block) in base_refs.iter().zip(blocks.chunks(bs as usize)) {
+                place(&mut out, *index, block);
+            }
         }
         Ok(out)
     }
