@@ -28,7 +28,11 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn du(path: &Path) -> u64 {
-    let out = Command::new("du").args(["-s", "-B1"]).arg(path).output().unwrap();
+    let out = Command::new("du")
+        .args(["-s", "-B1"])
+        .arg(path)
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .next()
@@ -73,7 +77,10 @@ fn main() {
     store.import("big", &big, 4096, &mut |_| {}).unwrap();
     let import = t.elapsed().as_secs_f64();
     let (imp_mbs, cp_mbs) = (bytes as f64 / import / 1e6, bytes as f64 / cp / 1e6);
-    println!("| import 512 MiB tree | {imp_mbs:.0} MB/s | cp -a + sync {cp_mbs:.0} MB/s | {:.2} |", imp_mbs / cp_mbs);
+    println!(
+        "| import 512 MiB tree | {imp_mbs:.0} MB/s | cp -a + sync {cp_mbs:.0} MB/s | {:.2} |",
+        imp_mbs / cp_mbs
+    );
     // Importing the same tree again stores nothing new.
     let t = Instant::now();
     store.import("big2", &big, 4096, &mut |_| {}).unwrap();
@@ -110,13 +117,20 @@ fn main() {
 
     // 3. disk used by 100 tenants from one base
     for i in 1..100 {
-        store.create_tenant(&data, &host, &format!("t{i:03}"), "tree").unwrap();
+        store
+            .create_tenant(&data, &host, &format!("t{i:03}"), "tree")
+            .unwrap();
     }
     drop(store);
     let one_copy = du(&tmp.path().join("tree-copy"));
     let tenants = du(&root.join("tenants"));
     let list = BaseStore::open(&data, &host).unwrap().list().unwrap();
-    let base_stored = list.bases.iter().find(|b| b.name == "tree").unwrap().unique_bytes;
+    let base_stored = list
+        .bases
+        .iter()
+        .find(|b| b.name == "tree")
+        .unwrap()
+        .unique_bytes;
     let total = tenants + base_stored;
     println!(
         "| 100 tenants from one 20,000-file base | {} MiB (base {} MiB + tenants {} MiB) | one copy {} MiB; 100 copies {} MiB | {:.2} of one copy, {:.3} of 100 copies |",
