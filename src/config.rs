@@ -88,6 +88,20 @@ pub struct Config {
     pub cache: CacheConfig,
     #[serde(default)]
     pub pressure: PressureConfig,
+    /// `[[mount]]`: tenants the daemon mounts when it starts.
+    #[serde(default, rename = "mount")]
+    pub mounts: Vec<MountConfig>,
+}
+
+/// One `[[mount]]` entry.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountConfig {
+    pub tenant: String,
+    pub mountpoint: PathBuf,
+    /// As for `tenantfs mount -o` (e.g. "cache=kernel,ro").
+    #[serde(default)]
+    pub options: String,
 }
 
 /// `[store]`: the tenant stores' shared RocksDB resources.
@@ -274,6 +288,17 @@ mod tests {
         assert!(e.to_string().contains("line 2"), "{e}");
         assert!(Config::parse("[cache]\nbudget = 10\n", p).is_err());
         assert!(Config::parse("[pressure]\ninterval_ms = 0\n", p).is_err());
+        let c = Config::parse(
+            "[[mount]]\ntenant = \"a\"\nmountpoint = \"/m/a\"\n[[mount]]\ntenant = \"b\"\nmountpoint = \"/m/b\"\noptions = \"ro\"\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(c.mounts.len(), 2);
+        assert_eq!(c.mounts[1].options, "ro");
+        assert!(
+            Config::parse("[[mount]]\ntenant = \"a\"\n", p).is_err(),
+            "mountpoint missing"
+        );
         assert!(Config::parse("[pressure]\ngovernor = false\n", p)
             .unwrap()
             .governor()

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod config;
 pub mod control;
 pub mod crypto;
+pub mod daemon;
 pub mod data_dir;
 mod fs_util;
 pub mod fuse;

@@ -35,6 +35,9 @@ struct Cli {
     /// Config file (default /etc/tenantfs/tenantfs.toml if present).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// The daemon's control socket (default <data-dir>/tenantfs.sock).
+    #[arg(long, global = true, env = "TENANTFS_SOCKET")]
+    socket: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -62,6 +65,8 @@ enum Command {
     /// Check the config file.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Run the host daemon: serve every tenant mounted through it, with one host cache.
+    Daemon,
     /// Import, list, verify and delete shared base images.
     #[command(subcommand)]
     Base(BaseCommand),
@@ -185,14 +190,91 @@ fn run(cli: Cli) -> Result<()> {
             let parsed = MountOptions::parse(options)?;
             if *foreground {
                 mount_foreground(&cli, tenant, mountpoint, &parsed)
+            } else if let Some(socket) = live_daemon(&cli) {
+                let mp = std::path::absolute(mountpoint)?;
+                let r = control::request(
+                    &socket,
+                    &Request::Mount {
+                        tenant: tenant.clone(),
+                        mountpoint: mp.to_string_lossy().into_owned(),
+                        options: options.clone(),
+                    },
+                )
+                .map_err(|e| anyhow::anyhow!("{}", daemon_error(e)))?;
+                println!(
+                    "mounted tenant {tenant} at {} (served by the daemon, pid {})",
+                    mountpoint.display(),
+                    r["pid"]
+                );
+                Ok(())
             } else {
                 mount_background(&cli, tenant, mountpoint, options)
             }
         }
-        Command::Umount { mountpoint } => umount(&cli.data_dir, mountpoint),
-        Command::Cache(c) => cache_command(&cli.data_dir, c),
+        Command::Umount { mountpoint } => {
+            if let Some(socket) = live_daemon(&cli) {
+                let mp = std::path::absolute(mountpoint)?;
+                let served = tenantfs::fuse::find_mount(&mp).ok().flatten().is_some();
+                if served {
+                    match control::request(
+                        &socket,
+                        &Request::Umount {
+                            mountpoint: mp.to_string_lossy().into_owned(),
+                        },
+                    ) {
+                        Ok(r) => {
+                            println!(
+                                "unmounted {} (tenant {}, flushed)",
+                                mountpoint.display(),
+                                r["tenant"].as_str().unwrap_or("?")
+                            );
+                            return Ok(());
+                        }
+                        Err(control::ControlError::Refused { message, .. })
+                            if message.contains("serves nothing") => {}
+                        Err(e) => anyhow::bail!("{}", daemon_error(e)),
+                    }
+                }
+            }
+            umount(&cli.data_dir, mountpoint)
+        }
+        Command::Cache(c) => cache_command(&cli.data_dir, live_daemon(&cli).as_deref(), c),
+        Command::Daemon => daemon(&cli),
         Command::Base(c) => base_command(&cli, c),
     }
+}
+
+/// The daemon's socket, if a daemon answers on it.
+fn live_daemon(cli: &Cli) -> Option<PathBuf> {
+    let path = cli
+        .socket
+        .clone()
+        .unwrap_or_else(|| tenantfs::daemon::default_socket(&cli.data_dir));
+    std::os::unix::net::UnixStream::connect(&path)
+        .ok()
+        .map(|_| path)
+}
+
+/// A daemon's refusal is the whole message; other errors keep their context.
+fn daemon_error(e: control::ControlError) -> String {
+    match e {
+        control::ControlError::Refused { message, .. } => message,
+        e => e.to_string(),
+    }
+}
+
+fn daemon(cli: &Cli) -> Result<()> {
+    // Before any thread starts: SIGTERM/SIGINT must reach only the thread that waits for them.
+    block_shutdown_signals();
+    let config = Config::load(cli.config.as_deref())?;
+    let data = DataDir::open(&cli.data_dir, cli.master_key.as_deref())?;
+    let socket = cli
+        .socket
+        .clone()
+        .unwrap_or_else(|| tenantfs::daemon::default_socket(&cli.data_dir));
+    tenantfs::daemon::run(data, &config, &socket)
+        .with_context(|| format!("daemon on {}", socket.display()))?;
+    Ok(())
 }
 
 /// Set by `mount` (background) for the child it starts: print "ready" on stdout once mounted.
@@ -571,9 +653,14 @@ const SUMMED: [&str; 10] = [
     "process_rss_bytes",
 ];
 
-fn cache_command(root: &Path, cmd: &CacheCommand) -> Result<()> {
+fn cache_command(root: &Path, daemon: Option<&Path>, cmd: &CacheCommand) -> Result<()> {
     use serde_json::{json, Value};
-    let sockets = control::serving_sockets(root)?;
+    let mut sockets: Vec<PathBuf> = daemon.map(Path::to_owned).into_iter().collect();
+    match control::serving_sockets(root) {
+        Ok(s) => sockets.extend(s),
+        Err(e) if sockets.is_empty() => return Err(e.into()),
+        Err(_) => {}
+    }
     let ask = |req: &Request| -> Result<Vec<Value>> {
         sockets
             .iter()

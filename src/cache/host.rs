@@ -49,7 +49,9 @@ impl HostCache {
         let slabs = SlabAllocator::new();
         let cache = Self {
             rocks: RocksBlockCache::new(budget as usize, &slabs),
-            blocks: BlockCache::builder(0).slabs(slabs.clone()).build(),
+            blocks: BlockCache::builder((budget / 4 * 3) as usize)
+                .slabs(slabs.clone())
+                .build(),
             slabs,
             budget: AtomicU64::new(budget),
             inserts: AtomicU32::new(0),

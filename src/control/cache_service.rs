@@ -38,6 +38,10 @@ pub fn cache_handler(
             tracing::info!(bytes, "cache budget set by the operator");
             Response::ok(stats(&cache, governor.as_deref(), &what))
         }
+        Request::Mount { .. } | Request::Umount { .. } | Request::Stats => Response::err(
+            "this process serves one mount; mounts and host stats are the daemon's \
+             (start it with `tenantfs daemon`)",
+        ),
     })
 }
 

@@ -11,6 +11,17 @@ pub enum Request {
     CacheRelease { bytes: u64 },
     /// Set the operator's budget ceiling (the governor may hold the budget lower).
     CacheBudget { bytes: u64 },
+    /// Mount a tenant (daemon only). `options` as for `tenantfs mount -o`.
+    Mount {
+        tenant: String,
+        mountpoint: String,
+        #[serde(default)]
+        options: String,
+    },
+    /// Unmount the tenant mounted at `mountpoint` (daemon only).
+    Umount { mountpoint: String },
+    /// The daemon's mounts and host numbers (daemon only).
+    Stats,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -27,7 +27,8 @@ impl Server {
     /// Listens on `path`. A socket file left by a dead process is replaced; one that a live
     /// process answers on is an error (two servers for one mount).
     pub fn start(path: &Path, handler: Handler) -> std::io::Result<Self> {
-        if let Some(dir) = path.parent() {
+        if let Some(dir) = path.parent().filter(|d| !d.exists()) {
+            // Only a directory made here is made private; an existing one (/run) is left be.
             std::fs::create_dir_all(dir)?;
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         }

@@ -6,6 +6,7 @@ mod mount;
 
 pub use adapter::{CacheMode, TenantFs};
 pub use mount::{
-    block_shutdown_signals, find_mount, parse_mountinfo, prepare_mountpoint, serve, unmount,
-    MountEntry, MountError, MountOptions, FS_TYPE,
+    block_shutdown_signals, find_mount, parse_mountinfo, prepare_mountpoint, serve, spawn_mount,
+    unmount, wait_for_shutdown_signal, MountEntry, MountError, MountOptions, MountedTenant,
+    FS_TYPE,
 };

@@ -206,19 +206,23 @@ pub fn block_shutdown_signals() {
     let _ = shutdown_signals().thread_block();
 }
 
+/// Waits (in the calling thread, which must block them: [`block_shutdown_signals`]) for
+/// SIGTERM or SIGINT; SIGHUP is ignored.
+pub fn wait_for_shutdown_signal() -> Signal {
+    loop {
+        match shutdown_signals().wait() {
+            Ok(Signal::SIGHUP) => continue,
+            Ok(sig) => return sig,
+            Err(_) => continue,
+        }
+    }
+}
+
 /// Mounts `volume` at `mountpoint`, calls `ready` once the kernel has completed the FUSE
 /// handshake, and serves until unmounted or until SIGTERM/SIGINT. The store is synced when the
 /// volume drops. Threads started before this call must block those signals (see
 /// [`block_shutdown_signals`]).
-pub fn serve(
-    volume: Volume,
-    mountpoint: &Path,
-    options: &MountOptions,
-    ready: impl FnOnce(),
-) -> Result<(), MountError> {
-    prepare_mountpoint(mountpoint)?;
-    let tenant = volume.tenant().info().name.clone();
-    let fs = TenantFs::new(volume, options.cache);
+fn session_config(tenant: &str, options: &MountOptions) -> Config {
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::FSName(format!("{SOURCE_PREFIX}{tenant}")),
@@ -236,6 +240,116 @@ pub fn serve(
     cfg.acl = SessionACL::All;
     cfg.n_threads = Some(FUSE_THREADS);
     cfg.clone_fd = true;
+    cfg
+}
+
+/// A tenant mounted and served by threads of this process (the daemon's mounts). The store
+/// stays open until the session ends: by [`MountedTenant::unmount`], or by umount(8).
+pub struct MountedTenant {
+    pub tenant: String,
+    pub path: PathBuf,
+    pub options: MountOptions,
+    unmounter: fuser::SessionUnmounter,
+    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
+}
+
+/// Mounts `volume` at `mountpoint` and serves it from new threads; returns once mounted.
+pub fn spawn_mount(
+    volume: Volume,
+    mountpoint: &Path,
+    options: &MountOptions,
+) -> Result<MountedTenant, MountError> {
+    prepare_mountpoint(mountpoint)?;
+    let tenant = volume.tenant().info().name.clone();
+    let fs = TenantFs::new(volume, options.cache);
+    let mount_err = |source| MountError::Mount {
+        path: mountpoint.to_owned(),
+        source,
+    };
+    let mut session = fuser::Session::new(fs, mountpoint, &session_config(&tenant, options))
+        .map_err(mount_err)?;
+    let unmounter = session.unmount_callable();
+    let name = format!("tenantfs-{tenant}");
+    let path = mountpoint.to_owned();
+    let thread = std::thread::Builder::new()
+        .name(name.chars().take(15).collect())
+        .spawn(move || {
+            let r = session.run();
+            tracing::info!(path = %path.display(), "unmounted");
+            r
+        })
+        .map_err(mount_err)?;
+    tracing::info!(tenant, path = %mountpoint.display(), "mounted");
+    Ok(MountedTenant {
+        tenant,
+        path: mountpoint.to_owned(),
+        options: options.clone(),
+        unmounter,
+        thread: Some(thread),
+    })
+}
+
+impl MountedTenant {
+    /// Whether the session has ended (unmounted from outside, e.g. by umount(8)).
+    pub fn is_finished(&self) -> bool {
+        self.thread.as_ref().is_none_or(|t| t.is_finished())
+    }
+
+    /// Unmounts and waits until the session ended and the store closed. A busy mount stays
+    /// mounted and served (the error says so).
+    pub fn unmount(&mut self) -> Result<(), MountError> {
+        if !self.is_finished() {
+            if let Err(e) = self.unmounter.unmount() {
+                if e.raw_os_error() == Some(libc::EBUSY) {
+                    return Err(MountError::Busy(self.path.clone()));
+                }
+                // fuser's unmounter works once; fall back to unmounting by path.
+                unmount(&self.path)?;
+            }
+        }
+        self.join();
+        Ok(())
+    }
+
+    /// Detaches the mount even while it is busy (MNT_DETACH): for shutting down.
+    pub fn detach(&mut self) {
+        if !self.is_finished() {
+            if let Err(e) = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH) {
+                tracing::error!(path = %self.path.display(), error = %e, "lazy unmount failed");
+            }
+        }
+    }
+
+    fn join(&mut self) {
+        if let Some(t) = self.thread.take() {
+            match t.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(path = %self.path.display(), error = %e, "FUSE session ended with an error")
+                }
+                Err(_) => {
+                    tracing::error!(path = %self.path.display(), "FUSE session thread panicked")
+                }
+            }
+        }
+    }
+
+    /// Waits for the session to end (after `detach` or an outside unmount).
+    pub fn wait(&mut self) {
+        self.join();
+    }
+}
+
+pub fn serve(
+    volume: Volume,
+    mountpoint: &Path,
+    options: &MountOptions,
+    ready: impl FnOnce(),
+) -> Result<(), MountError> {
+    prepare_mountpoint(mountpoint)?;
+    let tenant = volume.tenant().info().name.clone();
+    let fs = TenantFs::new(volume, options.cache);
+    let cfg = session_config(&tenant, options);
 
     // Signals are taken by one thread with sigwait; block them before fuser starts threads.
     let signals = shutdown_signals();

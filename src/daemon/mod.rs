@@ -1,0 +1,194 @@
+//! The host daemon: one process serving every mounted tenant with one host cache, one
+//! governor and one control socket, so the cache really is host-wide (N tenants of one base
+//! share one cached copy) and operators have one thing to run under systemd.
+//!
+//! `mount`/`umount`/`cache ...` commands talk to it over the control socket when it runs.
+//! SIGTERM/SIGINT unmount everything (flushing each store) and exit; a panic while serving
+//! one request fails that request only (see `control::server`).
+
+mod notify;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde_json::{json, Value};
+
+use crate::base::BaseBlockReader;
+use crate::cache::HostCache;
+use crate::config::Config;
+use crate::control::{self, Request, Response, Server};
+use crate::data_dir::DataDir;
+use crate::fuse::{spawn_mount, MountOptions, MountedTenant};
+use crate::pressure::Governor;
+use crate::store::StoreHost;
+use crate::volume::Volume;
+
+pub use notify::notify_systemd;
+
+/// Where the daemon listens when `--socket` and `TENANTFS_SOCKET` are not given.
+pub fn default_socket(data_root: &Path) -> PathBuf {
+    data_root.join("tenantfs.sock")
+}
+
+/// A running daemon's state.
+pub struct Daemon {
+    data: DataDir,
+    cache: Arc<HostCache>,
+    governor: Option<Arc<Governor>>,
+    host: StoreHost,
+    mounts: Mutex<BTreeMap<PathBuf, MountedTenant>>,
+    cache_requests: control::Handler,
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned())
+}
+
+impl Daemon {
+    pub fn new(data: DataDir, config: &Config) -> std::io::Result<Arc<Self>> {
+        let cache = Arc::new(config.host_cache());
+        let governor = match config.governor() {
+            Some(g) => Some(Arc::new(Governor::start(cache.clone(), cache.budget(), g)?)),
+            None => None,
+        };
+        let host = config.store_host(Some(&cache));
+        let cache_requests =
+            control::cache_handler(cache.clone(), governor.clone(), "tenantfs daemon".into());
+        Ok(Arc::new(Self {
+            data,
+            cache,
+            governor,
+            host,
+            mounts: Mutex::default(),
+            cache_requests,
+        }))
+    }
+
+    fn mounts(&self) -> std::sync::MutexGuard<'_, BTreeMap<PathBuf, MountedTenant>> {
+        let mut m = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+        // Sessions unmounted from outside (umount(8)) have ended: forget them.
+        m.retain(|_, t| !t.is_finished());
+        m
+    }
+
+    /// Mounts `tenant` at `mountpoint`, served by this process.
+    pub fn mount(&self, tenant: &str, mountpoint: &Path, options: &str) -> Result<Value, String> {
+        let options = MountOptions::parse(options).map_err(|e| e.to_string())?;
+        let path = absolute(mountpoint);
+        let mut mounts = self.mounts();
+        if let Some(m) = mounts.get(&path) {
+            return Err(format!(
+                "{} is already mounted (tenant {}); unmount it first with `tenantfs umount {}`",
+                path.display(),
+                m.tenant,
+                path.display()
+            ));
+        }
+        let opened =
+            crate::tenants::open(&self.data, &self.host, tenant).map_err(|e| e.to_string())?;
+        let from_base = opened.info().base.is_some();
+        let mut volume =
+            Volume::open(opened).map_err(|e| format!("cannot open tenant {tenant}: {e}"))?;
+        if from_base {
+            volume = volume.with_base(Arc::new(BaseBlockReader::new(
+                &self.data,
+                Some(self.cache.clone()),
+            )));
+        }
+        let mounted = spawn_mount(volume, &path, &options).map_err(|e| e.to_string())?;
+        mounts.insert(path.clone(), mounted);
+        Ok(json!({"tenant": tenant, "mountpoint": path, "pid": std::process::id()}))
+    }
+
+    /// Unmounts what this daemon serves at `mountpoint`; `Ok(None)` if it serves nothing there.
+    pub fn umount(&self, mountpoint: &Path) -> Result<Option<String>, String> {
+        let path = absolute(mountpoint);
+        let mut mounts = self.mounts();
+        let Some(m) = mounts.get_mut(&path) else {
+            return Ok(None);
+        };
+        m.unmount().map_err(|e| e.to_string())?;
+        let m = mounts.remove(&path).expect("present");
+        Ok(Some(m.tenant))
+    }
+
+    /// Unmounts everything (busy mounts are detached), waiting for every store to close.
+    pub fn shutdown(&self) {
+        let mut mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+        for (path, m) in mounts.iter_mut() {
+            if let Err(e) = m.unmount() {
+                tracing::warn!(path = %path.display(), error = %e, "busy at shutdown: detaching");
+                m.detach();
+                m.wait();
+            }
+        }
+        mounts.clear();
+    }
+
+    fn stats(&self) -> Value {
+        let mounts: Vec<Value> = self
+            .mounts()
+            .values()
+            .map(|m| json!({"tenant": m.tenant, "mountpoint": m.path}))
+            .collect();
+        let cache = (self.cache_requests)(Request::CacheStats)
+            .result
+            .unwrap_or(Value::Null);
+        json!({"pid": std::process::id(), "mounts": mounts, "cache": cache})
+    }
+
+    /// Answers one control request.
+    pub fn handle(&self, req: Request) -> Response {
+        let result = match req {
+            Request::Mount {
+                tenant,
+                mountpoint,
+                options,
+            } => self.mount(&tenant, Path::new(&mountpoint), &options),
+            Request::Umount { mountpoint } => match self.umount(Path::new(&mountpoint)) {
+                Ok(Some(tenant)) => Ok(json!({"tenant": tenant})),
+                Ok(None) => Err(format!("the daemon serves nothing at {mountpoint}")),
+                Err(e) => Err(e),
+            },
+            Request::Stats => Ok(self.stats()),
+            other => return (self.cache_requests)(other),
+        };
+        match result {
+            Ok(v) => Response::ok(v),
+            Err(e) => Response::err(e),
+        }
+    }
+
+    pub fn governor(&self) -> Option<&Governor> {
+        self.governor.as_deref()
+    }
+}
+
+/// Runs the daemon until SIGTERM/SIGINT: control socket at `socket`, READY=1 to systemd.
+/// The caller must have blocked the shutdown signals before any thread started.
+pub fn run(data: DataDir, config: &Config, socket: &Path) -> std::io::Result<()> {
+    let daemon = Daemon::new(data, config)?;
+    let handler: control::Handler = {
+        let d = daemon.clone();
+        Arc::new(move |req| d.handle(req))
+    };
+    let server = Server::start(socket, handler)?;
+    // The tenants the config lists (after a crash, their dead mounts are detached first).
+    for m in &config.mounts {
+        match daemon.mount(&m.tenant, &m.mountpoint, &m.options) {
+            Ok(_) => {}
+            Err(e) => {
+                tracing::error!(tenant = %m.tenant, mountpoint = %m.mountpoint.display(), error = %e, "cannot mount a configured tenant")
+            }
+        }
+    }
+    tracing::info!(socket = %socket.display(), "tenantfs daemon ready");
+    notify_systemd("READY=1");
+    let sig = crate::fuse::wait_for_shutdown_signal();
+    tracing::info!(?sig, "shutting down: unmounting every tenant");
+    notify_systemd("STOPPING=1");
+    drop(server);
+    daemon.shutdown();
+    Ok(())
+}

@@ -1,0 +1,44 @@
+//! sd_notify without libsystemd: a datagram to `$NOTIFY_SOCKET` (a path, or an abstract name
+//! written with a leading '@').
+
+use std::os::unix::net::UnixDatagram;
+
+/// Sends `state` (e.g. "READY=1") to systemd if it is listening; does nothing otherwise.
+pub fn notify_systemd(state: &str) {
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let sent = (|| -> std::io::Result<()> {
+        let sock = UnixDatagram::unbound()?;
+        let bytes = target.as_encoded_bytes();
+        if let Some(name) = bytes.strip_prefix(b"@") {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name)?;
+            sock.send_to_addr(state.as_bytes(), &addr)?;
+        } else {
+            sock.send_to(state.as_bytes(), std::path::Path::new(&target))?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, state, "cannot notify systemd");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ready_reaches_a_listening_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let listener = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        // SAFETY-free: tests run threads; set_var is fine here since no other test reads it.
+        // (std marks it unsafe in edition 2024; this crate is 2021.)
+        std::env::set_var("NOTIFY_SOCKET", &path);
+        super::notify_systemd("READY=1");
+        std::env::remove_var("NOTIFY_SOCKET");
+        let mut buf = [0u8; 64];
+        let n = listener.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], b"READY=1");
+    }
+}

@@ -1,0 +1,158 @@
+//! The host daemon through the real binary: READY=1 on a NOTIFY_SOCKET the test listens on,
+//! two tenants mounted through it with `tenantfs mount`, I/O, one cache for both, SIGTERM
+//! unmounts both and exits 0; kill -9, restart: the configured mounts come back with their
+//! data; a non-root client is refused by the control socket.
+
+mod common;
+#[path = "common/mount.rs"]
+mod mount;
+
+use std::os::unix::net::UnixDatagram;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mount::*;
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `tenantfs daemon` and waits for READY=1 on a datagram socket of our own.
+fn start_daemon(h: &Host, notify: &Path) -> Daemon {
+    let _ = std::fs::remove_file(notify);
+    let listener = UnixDatagram::bind(notify).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let child = h
+        .cmd()
+        .arg("daemon")
+        .env("NOTIFY_SOCKET", notify)
+        .env("TENANTFS_LOG", "tenantfs=info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(h.root().join("daemon.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    let mut buf = [0u8; 64];
+    let n = listener.recv(&mut buf).expect("no READY=1 from the daemon");
+    assert_eq!(&buf[..n], b"READY=1");
+    d
+}
+
+fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if let Some(st) = child.try_wait().unwrap() {
+            return Some(st);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+#[test]
+fn daemon_serves_two_tenants_and_stops_cleanly() {
+    let (ma, mb);
+    let h = {
+        let h = Host::new("daemon");
+        ma = h.dir("ma");
+        mb = h.dir("mb");
+        let cfg = format!(
+            "[pressure]\ninterval_ms = 200\n[[mount]]\ntenant = \"a\"\nmountpoint = \"{}\"\n",
+            ma.display()
+        );
+        h.with_config(&cfg)
+    };
+    h.create_tenant("a");
+    h.create_tenant("b");
+    let notify = h.root().join("notify");
+    let mut d = start_daemon(&h, &notify);
+    let pid = d.0.id();
+    // a came from the config; b is mounted through the daemon by `tenantfs mount`.
+    assert!(tenantfs_mounted(&ma), "the configured mount is missing");
+    let out = h.ok(&["mount", "b", mb.to_str().unwrap()]);
+    assert!(
+        out.contains(&format!("served by the daemon, pid {pid}")),
+        "{out}"
+    );
+    let _guards = (h.guard("a", &ma, pid), h.guard("b", &mb, pid));
+    std::fs::write(ma.join("hello"), b"from a").unwrap();
+    std::fs::write(mb.join("hello"), b"from b").unwrap();
+    assert_eq!(std::fs::read(ma.join("hello")).unwrap(), b"from a");
+    assert_eq!(std::fs::read(mb.join("hello")).unwrap(), b"from b");
+    // One process, one cache for both.
+    let s: serde_json::Value = serde_json::from_str(&h.ok(&["cache", "stats", "--json"])).unwrap();
+    let procs = s["processes"].as_array().unwrap();
+    assert_eq!(procs.len(), 1, "{s}");
+    assert_eq!(procs[0]["pid"].as_u64(), Some(pid as u64));
+    let err = h.fails(&["mount", "a", mb.to_str().unwrap()]);
+    assert!(
+        err.contains("already mounted") || err.contains("in use"),
+        "{err}"
+    );
+    // SIGTERM: both unmounted, exit 0.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let st = wait_exit(&mut d.0, Duration::from_secs(30)).expect("daemon did not exit");
+    assert!(st.success(), "{st}");
+    assert!(!tenantfs_mounted(&ma) && !tenantfs_mounted(&mb));
+    // The data was flushed: a plain mount reads it back.
+    let m = h.mount("b", &mb, "");
+    assert_eq!(std::fs::read(m.join("hello")).unwrap(), b"from b");
+    m.umount();
+}
+
+#[test]
+fn kill9_then_restart_brings_the_mounts_back() {
+    let h = Host::new("daemonkill");
+    let ma = h.dir("ma");
+    let h = h.with_config(&format!(
+        "[[mount]]\ntenant = \"a\"\nmountpoint = \"{}\"\n",
+        ma.display()
+    ));
+    h.create_tenant("a");
+    let notify = h.root().join("notify");
+    let mut d = start_daemon(&h, &notify);
+    let data = common::noise(9, 3 << 20);
+    write_synced(&ma.join("f"), &data);
+    d.0.kill().unwrap();
+    d.0.wait().unwrap();
+    // The mount is dead now; a restarted daemon detaches it and mounts the tenant again.
+    let d2 = start_daemon(&h, &notify);
+    let _g = h.guard("a", &ma, d2.0.id());
+    assert!(tenantfs_mounted(&ma));
+    assert_eq!(std::fs::read(ma.join("f")).unwrap(), data);
+    // A non-root client gets a refusal from the control socket itself (file modes opened so
+    // that only the peer-credential check stands in the way).
+    use std::os::unix::fs::PermissionsExt;
+    for p in [h.root(), h.data.as_path(), &h.data.join("tenantfs.sock")] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o777)).unwrap();
+    }
+    let script = format!(
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); \
+         s.sendall(b'{{\"op\":\"stats\"}}\\n'); print(s.makefile().readline())",
+        h.data.join("tenantfs.sock").to_str().unwrap()
+    );
+    let out = check(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/bin/python3",
+        "-c",
+        &script,
+    ]));
+    assert!(out.contains("permission denied"), "{out}");
+    std::fs::set_permissions(&h.data, std::fs::Permissions::from_mode(0o700)).unwrap();
+    h.ok(&["umount", ma.to_str().unwrap()]);
+    assert!(!tenantfs_mounted(&ma));
+}
