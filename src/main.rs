@@ -264,8 +264,10 @@ fn daemon_error(e: control::ControlError) -> String {
 }
 
 fn daemon(cli: &Cli) -> Result<()> {
-    // Before any thread starts: SIGTERM/SIGINT must reach only the thread that waits for them.
+    // Before any thread starts: SIGTERM/SIGINT must reach only the thread that waits for them,
+    // and malloc's arenas are set before threads create more.
     block_shutdown_signals();
+    tenantfs::cache::malloc::tune_for_serving();
     let config = Config::load(cli.config.as_deref())?;
     let data = DataDir::open(&cli.data_dir, cli.master_key.as_deref())?;
     let socket = cli
@@ -289,6 +291,7 @@ fn mount_foreground(
     // Before any thread starts (the store's background threads): SIGTERM/SIGINT must reach only
     // the thread `serve` waits for them on, or they kill the process and leave a dead mount.
     block_shutdown_signals();
+    tenantfs::cache::malloc::tune_for_serving();
     // Check everything that can fail before opening the store, so nothing is touched.
     prepare_mountpoint(mountpoint)?;
     let config = Config::load(cli.config.as_deref())?;

@@ -7,44 +7,10 @@ mod common;
 #[path = "common/mount.rs"]
 mod mount;
 
-use std::os::unix::net::UnixDatagram;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use mount::*;
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts `tenantfs daemon` and waits for READY=1 on a datagram socket of our own.
-fn start_daemon(h: &Host, notify: &Path) -> Daemon {
-    let _ = std::fs::remove_file(notify);
-    let listener = UnixDatagram::bind(notify).unwrap();
-    listener
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    let child = h
-        .cmd()
-        .arg("daemon")
-        .env("NOTIFY_SOCKET", notify)
-        .env("TENANTFS_LOG", "tenantfs=info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(h.root().join("daemon.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let d = Daemon(child);
-    let mut buf = [0u8; 64];
-    let n = listener.recv(&mut buf).expect("no READY=1 from the daemon");
-    assert_eq!(&buf[..n], b"READY=1");
-    d
-}
 
 fn wait_exit(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
     let end = Instant::now() + timeout;

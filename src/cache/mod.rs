@@ -9,6 +9,7 @@
 
 pub mod blocks;
 pub mod host;
+pub mod malloc;
 pub mod slab;
 
 pub use blocks::{BlockCache, BlockCacheBuilder, BlockCacheStats, BlockHash, BlockRef, CacheError};

@@ -604,3 +604,36 @@ pub fn write_synced(path: &Path, data: &[u8]) {
 pub fn sync_dir(path: &Path) {
     std::fs::File::open(path).unwrap().sync_all().unwrap();
 }
+
+/// A running `tenantfs daemon`; killed on drop.
+pub struct Daemon(pub std::process::Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts `tenantfs daemon` and waits for READY=1 on a datagram socket of our own.
+pub fn start_daemon(h: &Host, notify: &Path) -> Daemon {
+    let _ = std::fs::remove_file(notify);
+    let listener = std::os::unix::net::UnixDatagram::bind(notify).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let child = h
+        .cmd()
+        .arg("daemon")
+        .env("NOTIFY_SOCKET", notify)
+        .env("TENANTFS_LOG", "tenantfs=info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(h.root().join("daemon.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let d = Daemon(child);
+    let mut buf = [0u8; 64];
+    let n = listener.recv(&mut buf).expect("no READY=1 from the daemon");
+    assert_eq!(&buf[..n], b"READY=1");
+    d
+}
