@@ -10,7 +10,7 @@ SHELL := /bin/bash
 # block-device-style volumes; git, python3: used by the mount integration tests.
 DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux mount e2fsprogs git python3
 
-.PHONY: all deps build demo test lint bench asan clean
+.PHONY: all deps build demo test lint bench asan install clean
 
 all: build
 
@@ -66,6 +66,17 @@ asan: deps
 	$(CARGO) +nightly test --release --target x86_64-unknown-linux-gnu --features asan \
 	  --lib --test cache_memory -- --skip drops_rss 2>&1 | tee $(ASAN_TARGET_DIR).log
 	@! grep -q "ERROR: AddressSanitizer" $(ASAN_TARGET_DIR).log && echo "asan: clean"
+
+# The binary, the mount(8) helper, the systemd unit and an example config (DESTDIR for staging).
+PREFIX ?= /usr/local
+install: build
+	install -D -m 755 $(CARGO_TARGET_DIR)/release/tenantfs $(DESTDIR)$(PREFIX)/bin/tenantfs
+	install -D -m 755 mount/mount.tenantfs $(DESTDIR)/sbin/mount.tenantfs
+	sed 's|/usr/local/bin/tenantfs|$(PREFIX)/bin/tenantfs|' systemd/tenantfs.service > tenantfs.service.tmp
+	install -D -m 644 tenantfs.service.tmp $(DESTDIR)/etc/systemd/system/tenantfs.service
+	rm -f tenantfs.service.tmp
+	install -D -m 644 config/tenantfs.toml $(DESTDIR)/etc/tenantfs/tenantfs.toml.example
+	@echo "installed; next: tenantfs init, then systemctl daemon-reload && systemctl enable --now tenantfs"
 
 clean:
 	$(CARGO) clean

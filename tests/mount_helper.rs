@@ -1,0 +1,141 @@
+//! The mount(8) helper: `mount -t tenantfs`, an fstab line (through `mount -T FSTAB`), and
+//! umount(8), with and without the daemon. The helper is installed as /sbin/mount.tenantfs (a
+//! symlink to this checkout's mount/mount.tenantfs) unless one is installed already; the
+//! binary under test is passed with $TENANTFS.
+
+mod common;
+#[path = "common/mount.rs"]
+mod mount;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use mount::*;
+
+fn install_helper() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let ours = Path::new(env!("CARGO_MANIFEST_DIR")).join("mount/mount.tenantfs");
+        let target = Path::new("/sbin/mount.tenantfs");
+        match std::fs::symlink_metadata(target) {
+            // A symlink from an earlier checkout (or CI clone): point it at this one.
+            Ok(m) if m.file_type().is_symlink() => {
+                let _ = std::fs::remove_file(target);
+                std::os::unix::fs::symlink(&ours, target).unwrap();
+            }
+            Ok(_) => {} // installed by `make install`: it takes $TENANTFS too
+            Err(_) => std::os::unix::fs::symlink(&ours, target).unwrap(),
+        }
+    });
+}
+
+fn mount_cmd() -> Command {
+    let mut c = Command::new("mount");
+    c.env("TENANTFS", BIN).env_remove("TENANTFS_LOG");
+    c
+}
+
+/// umount(8), then wait until the tenant's serving process let go of its store.
+fn umount8(h: &Host, mp: &Path, tenant: &str) {
+    check(Command::new("umount").arg(mp));
+    let lock = h.data.join("tenants").join(tenant).join("tenant.lock");
+    let end = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < end {
+        let f = std::fs::File::open(&lock).unwrap();
+        if nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("tenant {tenant} still open after umount");
+}
+
+#[test]
+fn mount_t_tenantfs_fstab_and_umount() {
+    install_helper();
+    let h = Host::new("helper");
+    h.create_tenant("a");
+    let mp = h.dir("mp");
+    let opts = format!("data_dir={},config=/dev/null", h.data.display());
+    check(
+        mount_cmd()
+            .args(["-t", "tenantfs", "a"])
+            .arg(&mp)
+            .args(["-o", &opts]),
+    );
+    assert!(tenantfs_mounted(&mp));
+    let _g = h.guard("a", &mp, 0);
+    std::fs::write(mp.join("via-helper"), b"mounted by mount(8)").unwrap();
+    umount8(&h, &mp, "a");
+    assert!(!tenantfs_mounted(&mp));
+    // An fstab line, with fstab-only options the helper drops and a tenantfs option it keeps.
+    let fstab = h.root().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!(
+            "a {} tenantfs {opts},cache=kernel,nofail,x-systemd.after=network.target 0 0\n",
+            mp.display()
+        ),
+    )
+    .unwrap();
+    check(mount_cmd().arg("-T").arg(&fstab).arg(&mp));
+    assert!(tenantfs_mounted(&mp));
+    assert_eq!(
+        std::fs::read(mp.join("via-helper")).unwrap(),
+        b"mounted by mount(8)"
+    );
+    umount8(&h, &mp, "a");
+    // Errors from tenantfs reach the user: an unknown tenant.
+    let out = output(
+        mount_cmd()
+            .args(["-t", "tenantfs", "nope"])
+            .arg(&mp)
+            .args(["-o", &opts]),
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("nope"), "{err}");
+}
+
+#[test]
+fn mount_t_tenantfs_goes_through_the_daemon() {
+    install_helper();
+    let h = Host::new("helperd");
+    h.create_tenant("b");
+    let d = start_daemon(&h, &h.root().join("notify"));
+    let mp = h.dir("mp");
+    let opts = format!("data_dir={},config=/dev/null", h.data.display());
+    check(
+        mount_cmd()
+            .args(["-t", "tenantfs", "b"])
+            .arg(&mp)
+            .args(["-o", &opts]),
+    );
+    let _g = h.guard("b", &mp, d.0.id());
+    let s: serde_json::Value = serde_json::from_str(&h.ok(&["cache", "stats", "--json"])).unwrap();
+    assert_eq!(
+        s["processes"][0]["pid"].as_u64(),
+        Some(d.0.id() as u64),
+        "{s}"
+    );
+    std::fs::write(mp.join("x"), b"y").unwrap();
+    check(Command::new("umount").arg(&mp));
+    assert!(!tenantfs_mounted(&mp));
+    // The daemon forgets a mount unmounted behind its back and can mount it again.
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = output(h.cmd().args(["mount", "b"]).arg(&mp));
+        if out.status.success() {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(std::fs::read(mp.join("x")).unwrap(), b"y");
+    h.ok(&["umount", mp.to_str().unwrap()]);
+}
