@@ -88,9 +88,19 @@ pub struct Config {
     pub cache: CacheConfig,
     #[serde(default)]
     pub pressure: PressureConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
     /// `[[mount]]`: tenants the daemon mounts when it starts.
     #[serde(default, rename = "mount")]
     pub mounts: Vec<MountConfig>,
+}
+
+/// `[metrics]`: the daemon's Prometheus endpoint.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Loopback address to serve metrics on (e.g. "127.0.0.1:9477"); none by default.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// One `[[mount]]` entry.
@@ -214,6 +224,12 @@ impl Config {
                 config.cache.budget
             )));
         }
+        if let Some(a) = config.metrics.listen.filter(|a| !a.ip().is_loopback()) {
+            return Err(invalid(format!(
+                "metrics.listen = {a} is not a loopback address; use 127.0.0.1:PORT or [::1]:PORT \
+                 (the metrics name tenants)"
+            )));
+        }
         if !(10..=60_000).contains(&config.pressure.interval_ms) {
             return Err(invalid(format!(
                 "pressure.interval_ms = {} is out of range; use 10 to 60000",
@@ -288,6 +304,14 @@ mod tests {
         assert!(e.to_string().contains("line 2"), "{e}");
         assert!(Config::parse("[cache]\nbudget = 10\n", p).is_err());
         assert!(Config::parse("[pressure]\ninterval_ms = 0\n", p).is_err());
+        assert!(Config::parse("[metrics]\nlisten = \"0.0.0.0:9477\"\n", p).is_err());
+        assert_eq!(
+            Config::parse("[metrics]\nlisten = \"127.0.0.1:9477\"\n", p)
+                .unwrap()
+                .metrics
+                .listen,
+            Some("127.0.0.1:9477".parse().unwrap())
+        );
         let c = Config::parse(
             "[[mount]]\ntenant = \"a\"\nmountpoint = \"/m/a\"\n[[mount]]\ntenant = \"b\"\nmountpoint = \"/m/b\"\noptions = \"ro\"\n",
             p,

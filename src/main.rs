@@ -67,6 +67,12 @@ enum Command {
     Config(ConfigCommand),
     /// Run the host daemon: serve every tenant mounted through it, with one host cache.
     Daemon,
+    /// The daemon's mounts (operations, bytes, latency) and host numbers.
+    Stats {
+        /// Print a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Import, list, verify and delete shared base images.
     #[command(subcommand)]
     Base(BaseCommand),
@@ -240,6 +246,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Cache(c) => cache_command(&cli.data_dir, live_daemon(&cli).as_deref(), c),
         Command::Daemon => daemon(&cli),
+        Command::Stats { json } => stats(&cli, *json),
         Command::Base(c) => base_command(&cli, c),
     }
 }
@@ -261,6 +268,71 @@ fn daemon_error(e: control::ControlError) -> String {
         control::ControlError::Refused { message, .. } => message,
         e => e.to_string(),
     }
+}
+
+fn stats(cli: &Cli, json: bool) -> Result<()> {
+    let Some(socket) = live_daemon(cli) else {
+        anyhow::bail!(
+            "the tenantfs daemon is not running on {} (start it with `tenantfs daemon`; \
+             without it, `tenantfs cache stats` shows each serving process)",
+            cli.socket
+                .clone()
+                .unwrap_or_else(|| tenantfs::daemon::default_socket(&cli.data_dir))
+                .display()
+        );
+    };
+    let v = control::request(&socket, &Request::Stats)
+        .map_err(|e| anyhow::anyhow!("{}", daemon_error(e)))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let mib = |v: &serde_json::Value| v.as_u64().unwrap_or(0) >> 20;
+    let c = &v["cache"];
+    println!(
+        "daemon pid {}: {} mounts; cache budget {} MiB, used {} MiB, resident {} MiB; RSS {} MiB; hits {}, misses {}",
+        v["pid"],
+        v["mounts"].as_array().map_or(0, Vec::len),
+        mib(&c["budget_bytes"]),
+        mib(&c["used_bytes"]),
+        mib(&c["resident_bytes"]),
+        mib(&c["process_rss_bytes"]),
+        c["hits"],
+        c["misses"]
+    );
+    println!(
+        "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14}",
+        "TENANT",
+        "MOUNTPOINT",
+        "READS",
+        "READ MiB",
+        "WRITES",
+        "WRIT MiB",
+        "READ p50/p99",
+        "WRITE p50/p99"
+    );
+    for m in v["mounts"].as_array().into_iter().flatten() {
+        let op = |o: &str, k: &str| m["ops"][o][k].as_u64().unwrap_or(0);
+        let lat = |o: &str| {
+            if op(o, "calls") == 0 {
+                "-".to_string()
+            } else {
+                format!("<{}/<{} us", op(o, "p50_us_le"), op(o, "p99_us_le"))
+            }
+        };
+        println!(
+            "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14}",
+            m["tenant"].as_str().unwrap_or("?"),
+            m["mountpoint"].as_str().unwrap_or("?"),
+            op("read", "calls"),
+            mib(&m["read_bytes"]),
+            op("write", "calls"),
+            mib(&m["written_bytes"]),
+            lat("read"),
+            lat("write")
+        );
+    }
+    Ok(())
 }
 
 fn daemon(cli: &Cli) -> Result<()> {

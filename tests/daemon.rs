@@ -30,8 +30,14 @@ fn daemon_serves_two_tenants_and_stops_cleanly() {
         let h = Host::new("daemon");
         ma = h.dir("ma");
         mb = h.dir("mb");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let cfg = format!(
-            "[pressure]\ninterval_ms = 200\n[[mount]]\ntenant = \"a\"\nmountpoint = \"{}\"\n",
+            "[pressure]\ninterval_ms = 200\n[metrics]\nlisten = \"127.0.0.1:{port}\"\n\
+             [[mount]]\ntenant = \"a\"\nmountpoint = \"{}\"\n",
             ma.display()
         );
         h.with_config(&cfg)
@@ -58,6 +64,32 @@ fn daemon_serves_two_tenants_and_stops_cleanly() {
     let procs = s["processes"].as_array().unwrap();
     assert_eq!(procs.len(), 1, "{s}");
     assert_eq!(procs[0]["pid"].as_u64(), Some(pid as u64));
+    // Per-tenant operations and host numbers: `tenantfs stats` and the metrics endpoint.
+    let st: serde_json::Value = serde_json::from_str(&h.ok(&["stats", "--json"])).unwrap();
+    let mounts = st["mounts"].as_array().unwrap();
+    assert_eq!(mounts.len(), 2, "{st}");
+    for m in mounts {
+        assert!(m["ops"]["write"]["calls"].as_u64().unwrap() >= 1, "{st}");
+        assert!(m["written_bytes"].as_u64().unwrap() >= 6, "{st}");
+        assert!(m["ops"]["read"]["calls"].as_u64().unwrap() >= 1, "{st}");
+    }
+    let table = h.ok(&["stats"]);
+    assert!(table.contains("2 mounts") && table.contains(ma.to_str().unwrap()), "{table}");
+    let cfg_text = std::fs::read_to_string(&h.config).unwrap();
+    let listen = cfg_text
+        .lines()
+        .find_map(|l| l.strip_prefix("listen = "))
+        .unwrap()
+        .trim_matches('"')
+        .to_owned();
+    let mut conn = std::net::TcpStream::connect(&listen).unwrap();
+    std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+    let mut body = String::new();
+    std::io::Read::read_to_string(&mut conn, &mut body).unwrap();
+    assert!(body.contains("tenantfs_ops_total{tenant=\"a\",op=\"write\"}"), "{body}");
+    assert!(body.contains("tenantfs_written_bytes_total{tenant=\"b\"}"), "{body}");
+    assert!(body.contains("tenantfs_mounts 2"), "{body}");
+    assert!(body.contains("# TYPE tenantfs_cache_hits_total counter"), "{body}");
     let err = h.fails(&["mount", "a", mb.to_str().unwrap()]);
     assert!(
         err.contains("already mounted") || err.contains("in use"),

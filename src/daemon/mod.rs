@@ -130,12 +130,70 @@ impl Daemon {
         let mounts: Vec<Value> = self
             .mounts()
             .values()
-            .map(|m| json!({"tenant": m.tenant, "mountpoint": m.path}))
+            .map(|m| {
+                let mut v = m.metrics.summary();
+                v["tenant"] = json!(m.tenant);
+                v["mountpoint"] = json!(m.path);
+                v
+            })
             .collect();
         let cache = (self.cache_requests)(Request::CacheStats)
             .result
             .unwrap_or(Value::Null);
         json!({"pid": std::process::id(), "mounts": mounts, "cache": cache})
+    }
+
+    /// Everything in the Prometheus text format: per-mount operation series and host numbers.
+    pub fn render_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        crate::metrics::mount_metric_types(&mut out);
+        let mounts = self.mounts();
+        for m in mounts.values() {
+            m.metrics.render(&m.tenant, &mut out);
+        }
+        let c = self.cache.stats();
+        let g = self.governor.as_ref().map(|g| g.stats());
+        let rss = crate::cache::process_rss_bytes().unwrap_or(0);
+        let host: [(&str, &str, u64); 13] = [
+            ("tenantfs_mounts", "gauge", mounts.len() as u64),
+            ("tenantfs_cache_budget_bytes", "gauge", c.budget_bytes),
+            ("tenantfs_cache_used_bytes", "gauge", c.used_bytes),
+            ("tenantfs_cache_resident_bytes", "gauge", c.resident_bytes),
+            ("tenantfs_cache_hits_total", "counter", c.hits),
+            ("tenantfs_cache_misses_total", "counter", c.misses),
+            ("tenantfs_cache_evictions_total", "counter", c.evictions),
+            (
+                "tenantfs_cache_released_bytes_total",
+                "counter",
+                c.released_bytes,
+            ),
+            (
+                "tenantfs_base_block_cache_hits_total",
+                "counter",
+                c.blocks.hits,
+            ),
+            ("tenantfs_process_rss_bytes", "gauge", rss),
+            (
+                "tenantfs_pressure_events_total",
+                "counter",
+                g.as_ref().map_or(0, |g| g.pressure_events),
+            ),
+            (
+                "tenantfs_governor_shrinks_total",
+                "counter",
+                g.as_ref().map_or(0, |g| g.shrinks),
+            ),
+            (
+                "tenantfs_governor_grows_total",
+                "counter",
+                g.as_ref().map_or(0, |g| g.grows),
+            ),
+        ];
+        for (name, kind, v) in host {
+            let _ = writeln!(out, "# TYPE {name} {kind}\n{name} {v}");
+        }
+        out
     }
 
     /// Answers one control request.
@@ -174,6 +232,11 @@ pub fn run(data: DataDir, config: &Config, socket: &Path) -> std::io::Result<()>
         Arc::new(move |req| d.handle(req))
     };
     let server = Server::start(socket, handler)?;
+    if let Some(listen) = config.metrics.listen {
+        let d = daemon.clone();
+        let addr = crate::metrics::serve(listen, Arc::new(move || d.render_metrics()))?;
+        tracing::info!(%addr, "metrics served");
+    }
     // The tenants the config lists (after a crash, their dead mounts are detached first).
     for m in &config.mounts {
         match daemon.mount(&m.tenant, &m.mountpoint, &m.options) {

@@ -6,8 +6,8 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
@@ -16,6 +16,7 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use crate::metrics::{MountMetrics, Op};
 use crate::volume::{
     Attr, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, Volume, VolumeError, XattrMode,
 };
@@ -46,6 +47,7 @@ pub struct TenantFs {
     /// Open directory snapshots, by handle.
     dirs: Mutex<HashMap<u64, Vec<DirEntry>>>,
     next_fh: AtomicU64,
+    metrics: Arc<MountMetrics>,
 }
 
 fn errno(e: VolumeError) -> Errno {
@@ -102,7 +104,14 @@ impl TenantFs {
             lookups: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            metrics: MountMetrics::new(),
         }
+    }
+
+    /// Counts operations into `metrics` (shared with whoever reports them).
+    pub fn with_metrics(mut self, metrics: Arc<MountMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn volume(&self) -> &Volume {
@@ -195,7 +204,12 @@ impl Filesystem for TenantFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        self.reply_entry(reply, self.volume.lookup(parent.0, name.as_bytes()));
+        let t = Instant::now();
+        let r = self.volume.lookup(parent.0, name.as_bytes());
+        // A missing name is an answer, not an error.
+        let ok = r.is_ok() || matches!(r, Err(VolumeError::NotFound));
+        self.reply_entry(reply, r);
+        self.metrics.record(Op::Lookup, t, ok);
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -221,7 +235,10 @@ impl Filesystem for TenantFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        match self.volume.getattr(ino.0) {
+        let t = Instant::now();
+        let r = self.volume.getattr(ino.0);
+        self.metrics.record(Op::Getattr, t, r.is_ok());
+        match r {
             Ok(a) => reply.attr(&TTL, &self.attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
@@ -315,7 +332,10 @@ impl Filesystem for TenantFs {
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(reply, self.volume.unlink(parent.0, name.as_bytes()));
+        let t = Instant::now();
+        let r = self.volume.unlink(parent.0, name.as_bytes());
+        self.metrics.record(Op::Unlink, t, r.is_ok());
+        Self::empty(reply, r);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -407,8 +427,14 @@ impl Filesystem for TenantFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        match self.volume.read(ino.0, offset, size) {
-            Ok(d) => reply.data(&d),
+        let t = Instant::now();
+        let r = self.volume.read(ino.0, offset, size);
+        self.metrics.record(Op::Read, t, r.is_ok());
+        match r {
+            Ok(d) => {
+                self.metrics.add_read_bytes(d.len() as u64);
+                reply.data(&d)
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -425,8 +451,14 @@ impl Filesystem for TenantFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        match self.volume.write(ino.0, offset, data) {
-            Ok(n) => reply.written(n),
+        let t = Instant::now();
+        let r = self.volume.write(ino.0, offset, data);
+        self.metrics.record(Op::Write, t, r.is_ok());
+        match r {
+            Ok(n) => {
+                self.metrics.add_written_bytes(n.into());
+                reply.written(n)
+            }
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -451,7 +483,10 @@ impl Filesystem for TenantFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(reply, self.volume.fsync());
+        let t = Instant::now();
+        let r = self.volume.fsync();
+        self.metrics.record(Op::Fsync, t, r.is_ok());
+        Self::empty(reply, r);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -575,7 +610,10 @@ impl Filesystem for TenantFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(reply, self.volume.fsync());
+        let t = Instant::now();
+        let r = self.volume.fsync();
+        self.metrics.record(Op::Fsync, t, r.is_ok());
+        Self::empty(reply, r);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -664,14 +702,17 @@ impl Filesystem for TenantFs {
             uid: req.uid(),
             gid: req.gid(),
         };
-        match self.volume.mknod(
+        let t = Instant::now();
+        let r = self.volume.mknod(
             parent.0,
             name.as_bytes(),
             FileKind::File,
             (mode & 0o7777) as u16,
             owner,
             0,
-        ) {
+        );
+        self.metrics.record(Op::Create, t, r.is_ok());
+        match r {
             Ok(a) => {
                 self.remember(a.ino);
                 reply.created(

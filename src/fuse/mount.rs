@@ -249,6 +249,8 @@ pub struct MountedTenant {
     pub tenant: String,
     pub path: PathBuf,
     pub options: MountOptions,
+    /// The mount's operation counters.
+    pub metrics: std::sync::Arc<crate::metrics::MountMetrics>,
     unmounter: fuser::SessionUnmounter,
     thread: Option<std::thread::JoinHandle<io::Result<()>>>,
 }
@@ -261,7 +263,8 @@ pub fn spawn_mount(
 ) -> Result<MountedTenant, MountError> {
     prepare_mountpoint(mountpoint)?;
     let tenant = volume.tenant().info().name.clone();
-    let fs = TenantFs::new(volume, options.cache);
+    let metrics = crate::metrics::MountMetrics::new();
+    let fs = TenantFs::new(volume, options.cache).with_metrics(metrics.clone());
     let mount_err = |source| MountError::Mount {
         path: mountpoint.to_owned(),
         source,
@@ -284,6 +287,7 @@ pub fn spawn_mount(
         tenant,
         path: mountpoint.to_owned(),
         options: options.clone(),
+        metrics,
         unmounter,
         thread: Some(thread),
     })
