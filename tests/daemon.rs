@@ -74,7 +74,10 @@ fn daemon_serves_two_tenants_and_stops_cleanly() {
         assert!(m["ops"]["read"]["calls"].as_u64().unwrap() >= 1, "{st}");
     }
     let table = h.ok(&["stats"]);
-    assert!(table.contains("2 mounts") && table.contains(ma.to_str().unwrap()), "{table}");
+    assert!(
+        table.contains("2 mounts") && table.contains(ma.to_str().unwrap()),
+        "{table}"
+    );
     let cfg_text = std::fs::read_to_string(&h.config).unwrap();
     let listen = cfg_text
         .lines()
@@ -86,10 +89,19 @@ fn daemon_serves_two_tenants_and_stops_cleanly() {
     std::io::Write::write_all(&mut conn, b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
     let mut body = String::new();
     std::io::Read::read_to_string(&mut conn, &mut body).unwrap();
-    assert!(body.contains("tenantfs_ops_total{tenant=\"a\",op=\"write\"}"), "{body}");
-    assert!(body.contains("tenantfs_written_bytes_total{tenant=\"b\"}"), "{body}");
+    assert!(
+        body.contains("tenantfs_ops_total{tenant=\"a\",op=\"write\"}"),
+        "{body}"
+    );
+    assert!(
+        body.contains("tenantfs_written_bytes_total{tenant=\"b\"}"),
+        "{body}"
+    );
     assert!(body.contains("tenantfs_mounts 2"), "{body}");
-    assert!(body.contains("# TYPE tenantfs_cache_hits_total counter"), "{body}");
+    assert!(
+        body.contains("# TYPE tenantfs_cache_hits_total counter"),
+        "{body}"
+    );
     let err = h.fails(&["mount", "a", mb.to_str().unwrap()]);
     assert!(
         err.contains("already mounted") || err.contains("in use"),
@@ -153,4 +165,19 @@ fn kill9_then_restart_brings_the_mounts_back() {
     std::fs::set_permissions(&h.data, std::fs::Permissions::from_mode(0o700)).unwrap();
     h.ok(&["umount", ma.to_str().unwrap()]);
     assert!(!tenantfs_mounted(&ma));
+}
+
+#[test]
+fn watchdog_pings_while_the_daemon_answers() {
+    let h = Host::new("watchdog");
+    let notify = h.root().join("notify");
+    let (d, listener) = start_daemon_env(&h, &notify, &[("WATCHDOG_USEC", "200000")]);
+    let mut buf = [0u8; 64];
+    let t = Instant::now();
+    let n = listener
+        .recv(&mut buf)
+        .expect("no WATCHDOG=1 after READY=1");
+    assert_eq!(&buf[..n], b"WATCHDOG=1");
+    assert!(t.elapsed() < Duration::from_secs(5));
+    drop(d);
 }

@@ -248,6 +248,7 @@ pub fn run(data: DataDir, config: &Config, socket: &Path) -> std::io::Result<()>
     }
     tracing::info!(socket = %socket.display(), "tenantfs daemon ready");
     notify_systemd("READY=1");
+    notify::start_watchdog(socket.to_owned());
     let sig = crate::fuse::wait_for_shutdown_signal();
     tracing::info!(?sig, "shutting down: unmounting every tenant");
     notify_systemd("STOPPING=1");

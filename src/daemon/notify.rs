@@ -25,6 +25,42 @@ pub fn notify_systemd(state: &str) {
     }
 }
 
+/// The watchdog interval systemd asked for (`WatchdogSec=`: `$WATCHDOG_USEC`, for this pid).
+pub fn watchdog_interval() -> Option<std::time::Duration> {
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Some(pid) = std::env::var("WATCHDOG_PID")
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+    {
+        if pid != std::process::id() {
+            return None;
+        }
+    }
+    (usec > 0).then(|| std::time::Duration::from_micros(usec))
+}
+
+/// With `WatchdogSec=` set, sends WATCHDOG=1 every half interval, but only while the daemon
+/// answers a stats request on its own control socket: a wedged daemon gets restarted.
+pub fn start_watchdog(socket: std::path::PathBuf) {
+    let Some(every) = watchdog_interval() else {
+        return;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("tenantfs-watchdog".into())
+        .spawn(move || loop {
+            std::thread::sleep(every / 2);
+            match crate::control::request(&socket, &crate::control::Request::Stats) {
+                Ok(_) => notify_systemd("WATCHDOG=1"),
+                Err(e) => {
+                    tracing::error!(error = %e, "watchdog: the daemon does not answer itself")
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the watchdog thread");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -617,6 +617,15 @@ impl Drop for Daemon {
 
 /// Starts `tenantfs daemon` and waits for READY=1 on a datagram socket of our own.
 pub fn start_daemon(h: &Host, notify: &Path) -> Daemon {
+    start_daemon_env(h, notify, &[]).0
+}
+
+/// As `start_daemon`, with extra environment; also returns the notify socket (still bound).
+pub fn start_daemon_env(
+    h: &Host,
+    notify: &Path,
+    env: &[(&str, &str)],
+) -> (Daemon, std::os::unix::net::UnixDatagram) {
     let _ = std::fs::remove_file(notify);
     let listener = std::os::unix::net::UnixDatagram::bind(notify).unwrap();
     listener
@@ -626,6 +635,7 @@ pub fn start_daemon(h: &Host, notify: &Path) -> Daemon {
         .cmd()
         .arg("daemon")
         .env("NOTIFY_SOCKET", notify)
+        .envs(env.iter().copied())
         .env("TENANTFS_LOG", "tenantfs=info")
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(h.root().join("daemon.log")).unwrap())
@@ -635,5 +645,5 @@ pub fn start_daemon(h: &Host, notify: &Path) -> Daemon {
     let mut buf = [0u8; 64];
     let n = listener.recv(&mut buf).expect("no READY=1 from the daemon");
     assert_eq!(&buf[..n], b"READY=1");
-    d
+    (d, listener)
 }
