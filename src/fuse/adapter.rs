@@ -118,6 +118,31 @@ impl TenantFs {
         &self.volume
     }
 
+    /// Runs one request's call into the volume. A panic in it becomes EIO for that request
+    /// (logged), so the mount's worker thread, the mount and the daemon keep serving.
+    fn vol<T>(
+        &self,
+        what: &'static str,
+        f: impl FnOnce(&Volume) -> Result<T, VolumeError>,
+    ) -> Result<T, VolumeError> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&self.volume))).unwrap_or_else(
+            |panic| {
+                let detail = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(
+                    tenant = %self.volume.tenant().info().name,
+                    op = what,
+                    %detail,
+                    "a request panicked; it fails with EIO, the mount keeps serving"
+                );
+                Err(VolumeError::Panicked(what))
+            },
+        )
+    }
+
     fn attr(&self, a: &Attr) -> FileAttr {
         FileAttr {
             ino: INodeNo(a.ino),
@@ -198,14 +223,14 @@ impl Filesystem for TenantFs {
     }
 
     fn destroy(&mut self) {
-        if let Err(e) = self.volume.fsync() {
+        if let Err(e) = self.vol("fsync", |v| v.fsync()) {
             tracing::error!(error = %e, "final sync failed");
         }
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let t = Instant::now();
-        let r = self.volume.lookup(parent.0, name.as_bytes());
+        let r = self.vol("lookup", |v| v.lookup(parent.0, name.as_bytes()));
         // A missing name is an answer, not an error.
         let ok = r.is_ok() || matches!(r, Err(VolumeError::NotFound));
         self.reply_entry(reply, r);
@@ -228,7 +253,7 @@ impl Filesystem for TenantFs {
             }
         };
         if gone {
-            if let Err(e) = self.volume.forget(ino.0) {
+            if let Err(e) = self.vol("forget", |v| v.forget(ino.0)) {
                 tracing::error!(ino = ino.0, error = %e, "cannot free a removed file");
             }
         }
@@ -236,7 +261,7 @@ impl Filesystem for TenantFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let t = Instant::now();
-        let r = self.volume.getattr(ino.0);
+        let r = self.vol("getattr", |v| v.getattr(ino.0));
         self.metrics.record(Op::Getattr, t, r.is_ok());
         match r {
             Ok(a) => reply.attr(&TTL, &self.attr(&a)),
@@ -271,14 +296,14 @@ impl Filesystem for TenantFs {
             mtime: mtime.map(time),
             ctime,
         };
-        match self.volume.setattr(ino.0, &set) {
+        match self.vol("setattr", |v| v.setattr(ino.0, &set)) {
             Ok(a) => reply.attr(&TTL, &self.attr(&a)),
             Err(e) => reply.error(errno(e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.volume.readlink(ino.0) {
+        match self.vol("readlink", |v| v.readlink(ino.0)) {
             Ok(t) => reply.data(&t),
             Err(e) => reply.error(errno(e)),
         }
@@ -301,14 +326,16 @@ impl Filesystem for TenantFs {
             uid: req.uid(),
             gid: req.gid(),
         };
-        let r = self.volume.mknod(
-            parent.0,
-            name.as_bytes(),
-            kind,
-            (mode & 0o7777) as u16,
-            owner,
-            rdev,
-        );
+        let r = self.vol("mknod", |v| {
+            v.mknod(
+                parent.0,
+                name.as_bytes(),
+                kind,
+                (mode & 0o7777) as u16,
+                owner,
+                rdev,
+            )
+        });
         self.reply_entry(reply, r);
     }
 
@@ -333,13 +360,16 @@ impl Filesystem for TenantFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let t = Instant::now();
-        let r = self.volume.unlink(parent.0, name.as_bytes());
+        let r = self.vol("unlink", |v| v.unlink(parent.0, name.as_bytes()));
         self.metrics.record(Op::Unlink, t, r.is_ok());
         Self::empty(reply, r);
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(reply, self.volume.rmdir(parent.0, name.as_bytes()));
+        Self::empty(
+            reply,
+            self.vol("rmdir", |v| v.rmdir(parent.0, name.as_bytes())),
+        );
     }
 
     fn symlink(
@@ -354,12 +384,14 @@ impl Filesystem for TenantFs {
             uid: req.uid(),
             gid: req.gid(),
         };
-        let r = self.volume.symlink(
-            parent.0,
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
-            owner,
-        );
+        let r = self.vol("symlink", |v| {
+            v.symlink(
+                parent.0,
+                link_name.as_bytes(),
+                target.as_os_str().as_bytes(),
+                owner,
+            )
+        });
         self.reply_entry(reply, r);
     }
 
@@ -384,13 +416,15 @@ impl Filesystem for TenantFs {
         };
         Self::empty(
             reply,
-            self.volume.rename(
-                parent.0,
-                name.as_bytes(),
-                newparent.0,
-                newname.as_bytes(),
-                mode,
-            ),
+            self.vol("rename", |v| {
+                v.rename(
+                    parent.0,
+                    name.as_bytes(),
+                    newparent.0,
+                    newname.as_bytes(),
+                    mode,
+                )
+            }),
         );
     }
 
@@ -404,12 +438,12 @@ impl Filesystem for TenantFs {
     ) {
         self.reply_entry(
             reply,
-            self.volume.link(ino.0, newparent.0, newname.as_bytes()),
+            self.vol("link", |v| v.link(ino.0, newparent.0, newname.as_bytes())),
         );
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.volume.getattr(ino.0) {
+        match self.vol("getattr", |v| v.getattr(ino.0)) {
             Ok(a) if a.kind == FileKind::Dir => reply.error(Errno::EISDIR),
             Ok(_) => reply.opened(FileHandle(0), self.open_flags()),
             Err(e) => reply.error(errno(e)),
@@ -428,7 +462,7 @@ impl Filesystem for TenantFs {
         reply: ReplyData,
     ) {
         let t = Instant::now();
-        let r = self.volume.read(ino.0, offset, size);
+        let r = self.vol("read", |v| v.read(ino.0, offset, size));
         self.metrics.record(Op::Read, t, r.is_ok());
         match r {
             Ok(d) => {
@@ -452,7 +486,7 @@ impl Filesystem for TenantFs {
         reply: ReplyWrite,
     ) {
         let t = Instant::now();
-        let r = self.volume.write(ino.0, offset, data);
+        let r = self.vol("write", |v| v.write(ino.0, offset, data));
         self.metrics.record(Op::Write, t, r.is_ok());
         match r {
             Ok(n) => {
@@ -484,28 +518,30 @@ impl Filesystem for TenantFs {
         reply: ReplyEmpty,
     ) {
         let t = Instant::now();
-        let r = self.volume.fsync();
+        let r = self.vol("fsync", |v| v.fsync());
         self.metrics.record(Op::Fsync, t, r.is_ok());
         Self::empty(reply, r);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let listing = self.volume.readdir(ino.0).and_then(|entries| {
-            let attr = self.volume.getattr(ino.0)?;
-            let mut all = Vec::with_capacity(entries.len() + 2);
-            all.push(DirEntry {
-                name: b".".to_vec(),
-                ino: ino.0,
-                kind: FileKind::Dir,
+        let listing = self
+            .vol("readdir", |v| v.readdir(ino.0))
+            .and_then(|entries| {
+                let attr = self.vol("getattr", |v| v.getattr(ino.0))?;
+                let mut all = Vec::with_capacity(entries.len() + 2);
+                all.push(DirEntry {
+                    name: b".".to_vec(),
+                    ino: ino.0,
+                    kind: FileKind::Dir,
+                });
+                all.push(DirEntry {
+                    name: b"..".to_vec(),
+                    ino: attr.parent,
+                    kind: FileKind::Dir,
+                });
+                all.extend(entries);
+                Ok(all)
             });
-            all.push(DirEntry {
-                name: b"..".to_vec(),
-                ino: attr.parent,
-                kind: FileKind::Dir,
-            });
-            all.extend(entries);
-            Ok(all)
-        });
         match listing {
             Ok(all) => {
                 let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
@@ -566,7 +602,7 @@ impl Filesystem for TenantFs {
         };
         for (i, e) in entries {
             // An entry removed since opendir is skipped.
-            let Ok(a) = self.volume.getattr(e.ino) else {
+            let Ok(a) = self.vol("getattr", |v| v.getattr(e.ino)) else {
                 continue;
             };
             let dot = e.name == b"." || e.name == b"..";
@@ -611,13 +647,13 @@ impl Filesystem for TenantFs {
         reply: ReplyEmpty,
     ) {
         let t = Instant::now();
-        let r = self.volume.fsync();
+        let r = self.vol("fsync", |v| v.fsync());
         self.metrics.record(Op::Fsync, t, r.is_ok());
         Self::empty(reply, r);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.volume.statfs() {
+        match self.vol("statfs", |v| v.statfs()) {
             Ok(s) => reply.statfs(
                 s.blocks,
                 s.blocks_free,
@@ -653,7 +689,9 @@ impl Filesystem for TenantFs {
         };
         Self::empty(
             reply,
-            self.volume.setxattr(ino.0, name.as_bytes(), value, mode),
+            self.vol("setxattr", |v| {
+                v.setxattr(ino.0, name.as_bytes(), value, mode)
+            }),
         );
     }
 
@@ -661,11 +699,15 @@ impl Filesystem for TenantFs {
         if is_acl_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        Self::xattr_reply(reply, size, self.volume.getxattr(ino.0, name.as_bytes()));
+        Self::xattr_reply(
+            reply,
+            size,
+            self.vol("getxattr", |v| v.getxattr(ino.0, name.as_bytes())),
+        );
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let names = self.volume.listxattr(ino.0).map(|list| {
+        let names = self.vol("listxattr", |v| v.listxattr(ino.0)).map(|list| {
             list.split_inclusive(|&b| b == 0)
                 .filter(|n| !is_acl_xattr(OsStr::from_bytes(n.strip_suffix(&[0]).unwrap_or(n))))
                 .flatten()
@@ -679,13 +721,16 @@ impl Filesystem for TenantFs {
         if is_acl_xattr(name) {
             return reply.error(Errno::EOPNOTSUPP);
         }
-        Self::empty(reply, self.volume.removexattr(ino.0, name.as_bytes()));
+        Self::empty(
+            reply,
+            self.vol("removexattr", |v| v.removexattr(ino.0, name.as_bytes())),
+        );
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
         // Permission bits are enforced by the kernel (default_permissions); this only says
         // whether the inode exists.
-        Self::empty(reply, self.volume.getattr(ino.0).map(|_| ()));
+        Self::empty(reply, self.vol("getattr", |v| v.getattr(ino.0)).map(|_| ()));
     }
 
     fn create(
@@ -703,14 +748,16 @@ impl Filesystem for TenantFs {
             gid: req.gid(),
         };
         let t = Instant::now();
-        let r = self.volume.mknod(
-            parent.0,
-            name.as_bytes(),
-            FileKind::File,
-            (mode & 0o7777) as u16,
-            owner,
-            0,
-        );
+        let r = self.vol("mknod", |v| {
+            v.mknod(
+                parent.0,
+                name.as_bytes(),
+                FileKind::File,
+                (mode & 0o7777) as u16,
+                owner,
+                0,
+            )
+        });
         self.metrics.record(Op::Create, t, r.is_ok());
         match r {
             Ok(a) => {
@@ -744,7 +791,10 @@ impl Filesystem for TenantFs {
             libc::FALLOC_FL_ZERO_RANGE => Fallocate::ZeroRange { keep_size },
             _ => return reply.error(Errno::EOPNOTSUPP),
         };
-        Self::empty(reply, self.volume.fallocate(ino.0, offset, length, op));
+        Self::empty(
+            reply,
+            self.vol("fallocate", |v| v.fallocate(ino.0, offset, length, op)),
+        );
     }
 
     fn lseek(
@@ -760,8 +810,8 @@ impl Filesystem for TenantFs {
             return reply.error(Errno::ENXIO);
         }
         let r = match whence {
-            libc::SEEK_DATA => self.volume.seek_data(ino.0, offset as u64),
-            libc::SEEK_HOLE => self.volume.seek_hole(ino.0, offset as u64),
+            libc::SEEK_DATA => self.vol("seek_data", |v| v.seek_data(ino.0, offset as u64)),
+            libc::SEEK_HOLE => self.vol("seek_hole", |v| v.seek_hole(ino.0, offset as u64)),
             libc::SEEK_SET => Ok(offset as u64),
             _ => return reply.error(Errno::EINVAL),
         };
@@ -769,5 +819,33 @@ impl Filesystem for TenantFs {
             Ok(o) => reply.offset(o as i64),
             Err(e) => reply.error(errno(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod panic_tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_request_is_eio_and_the_volume_keeps_serving() {
+        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = tmp.path().join("data");
+        crate::data_dir::DataDir::init(&root, None).unwrap();
+        let data = crate::data_dir::DataDir::open(&root, None).unwrap();
+        let host = crate::store::StoreHost::builder()
+            .block_cache_bytes(8 << 20)
+            .build();
+        crate::tenants::create(&data, &host, "p", None).unwrap();
+        let volume = Volume::open(crate::tenants::open(&data, &host, "p").unwrap()).unwrap();
+        let fs = TenantFs::new(volume, CacheMode::Direct);
+        let r: Result<(), VolumeError> = fs.vol("test", |_| panic!("injected"));
+        let e = r.unwrap_err();
+        assert!(matches!(e, VolumeError::Panicked("test")), "{e}");
+        assert_eq!(e.errno(), libc::EIO);
+        // The same volume answers the next request.
+        let a = fs
+            .vol("getattr", |v| v.getattr(crate::volume::ROOT_INO))
+            .unwrap();
+        assert_eq!(a.kind, FileKind::Dir);
     }
 }

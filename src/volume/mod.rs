@@ -213,6 +213,8 @@ pub enum VolumeError {
          delete it and create it again"
     )]
     Incomplete { tenant: String },
+    #[error("internal error while serving {0} (a bug: see the log)")]
+    Panicked(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -237,7 +239,9 @@ impl VolumeError {
             VolumeError::NoMoreData => libc::ENXIO,
             VolumeError::NoSpace => libc::ENOSPC,
             VolumeError::Damaged { .. } => libc::EIO,
-            VolumeError::BaseBlock { .. } | VolumeError::Incomplete { .. } => libc::EIO,
+            VolumeError::BaseBlock { .. }
+            | VolumeError::Incomplete { .. }
+            | VolumeError::Panicked(_) => libc::EIO,
             VolumeError::Store(e) if e.is_no_space() => libc::ENOSPC,
             VolumeError::Store(_) => libc::EIO,
         }
