@@ -63,6 +63,7 @@ unsafe impl IoBufMut for ReadBuf {
     fn stable_mut_ptr(&mut self) -> *mut u8 {
         self.ptr
     }
+    // SAFETY: the buffer is a caller's initialised `&mut [u8]`: there is no length to record.
     unsafe fn set_init(&mut self, _pos: usize) {}
 }
 
@@ -163,6 +164,8 @@ impl UringIo {
     /// writes, `len` bytes) and not accessed by anything else until this returns. This call
     /// returns only once the kernel is done with all of them (see the module doc), so borrows
     /// held across the call satisfy this.
+    // SAFETY: (contract of callers) see `# Safety` above; the three callers below each state
+    // why their borrows meet it.
     unsafe fn run(&self, file: &File, ops: Vec<Op>) -> io::Result<()> {
         let gone = || io::Error::other("the io_uring thread has stopped");
         let file = file.try_clone()?;

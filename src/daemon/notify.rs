@@ -68,8 +68,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("notify");
         let listener = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
-        // SAFETY-free: tests run threads; set_var is fine here since no other test reads it.
-        // (std marks it unsafe in edition 2024; this crate is 2021.)
+        // No other test in this binary reads NOTIFY_SOCKET, so setting it here races nothing
+        // (this crate is edition 2021, where set_var is a plain call).
         std::env::set_var("NOTIFY_SOCKET", &path);
         super::notify_systemd("READY=1");
         std::env::remove_var("NOTIFY_SOCKET");

@@ -1333,7 +1333,7 @@ mod live_tests {
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
-            eprintln!("could not remove {}", self.dir.display());
+            tracing::warn!(dir = %self.dir.display(), "could not remove the test cgroup");
         }
     }
 
@@ -1341,12 +1341,12 @@ mod live_tests {
     fn live_v1_cgroup_pressure_shrinks_the_budget() {
         let root = Path::new("/sys/fs/cgroup/memory");
         if !root.join("cgroup.procs").exists() {
-            eprintln!("skipped: no cgroup v1 memory controller");
+            tracing::warn!("skipped: no cgroup v1 memory controller");
             return;
         }
         let dir = root.join(format!("tenantfs-gov-test-{}", std::process::id()));
         if let Err(e) = std::fs::create_dir(&dir) {
-            eprintln!("skipped: cannot create {}: {e}", dir.display());
+            tracing::warn!(dir = %dir.display(), error = %e, "skipped: cannot create the test cgroup");
             return;
         }
         let mut hog = HogCgroup {
@@ -1386,7 +1386,7 @@ mod live_tests {
             "budget {} MiB, stats {stats:?}, cgroup {usage:?}",
             cache.budget() / MIB
         );
-        eprintln!("{stats:?}");
+        tracing::info!(?stats, "governor after the hog");
         assert!(
             stats.shrinks >= 1 && stats.pressure_events >= 1,
             "{stats:?}"
