@@ -5,7 +5,11 @@
 //! In one process through the library (the host daemon that serves many mounts from one
 //! process is issue 6); the mount path is covered by tests/base_tenants.rs.
 
+mod common;
+
 use std::sync::Arc;
+
+use common::noise;
 
 use tenantfs::base::{BaseBlockReader, BaseStore};
 use tenantfs::cache::{process_rss_bytes, HostCache};
@@ -17,15 +21,6 @@ const MIB: u64 = 1 << 20;
 const FILES: u64 = 64;
 const FILE_BYTES: u64 = 4 * MIB;
 const TENANTS: usize = 50;
-
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    blake3::Hasher::new()
-        .update(&seed.to_le_bytes())
-        .finalize_xof()
-        .fill(&mut out);
-    out
-}
 
 #[test]
 fn fifty_tenants_share_one_cached_copy_of_their_base() {

@@ -148,8 +148,9 @@ impl Pack {
         io.read_at(&self.file, buf, self.offset(slot))
     }
 
-    /// Reads several slots in one call (`(slot, buffer)`, each buffer aligned and one block
-    /// long): with `UringIo` all of them are in flight at once.
+    /// Reads several slots in one call (`(first slot, buffer)`, each buffer aligned and a whole
+    /// number of slots long: a run of consecutive slots is one read): with `UringIo` all of them
+    /// are in flight at once.
     pub fn read_slots(&self, io: &dyn PackIo, reads: &mut [(u32, &mut [u8])]) -> io::Result<()> {
         let mut at: Vec<(u64, &mut [u8])> = reads
             .iter_mut()

@@ -303,31 +303,26 @@ impl crate::volume::BaseBlocks for BaseBlockReader {
 
     fn read_many(&self, refs: &[&[u8]], outs: &mut [&mut [u8]]) -> Result<(), String> {
         let mut misses: Vec<(BlockHash, BlockRecord)> = Vec::new();
-        let mut miss_outs: Vec<usize> = Vec::new();
-        for (i, r) in refs.iter().enumerate() {
+        let mut miss_outs: Vec<&mut [u8]> = Vec::new();
+        for (r, out) in refs.iter().zip(outs.iter_mut()) {
             let (hash, rec) = decode_ref(r).ok_or("malformed base block reference")?;
-            if !self.cached(&hash, outs[i]) {
+            if !self.cached(&hash, out) {
                 misses.push((hash, rec));
-                miss_outs.push(i);
+                miss_outs.push(&mut **out);
             }
         }
         if misses.is_empty() {
             return Ok(());
         }
-        let bs = outs[miss_outs[0]].len();
-        let mut scratch = vec![0u8; misses.len() * bs];
-        {
-            let mut parts: Vec<&mut [u8]> = scratch.chunks_mut(bs).collect();
-            self.packs
-                .read_many_into(
-                    self.batch.as_ref().map(|u| u as &dyn PackIo),
-                    &misses,
-                    &mut parts,
-                )
-                .map_err(|e| e.to_string())?;
-        }
-        for ((hash, _), (i, data)) in misses.iter().zip(miss_outs.iter().zip(scratch.chunks(bs))) {
-            outs[*i].copy_from_slice(data);
+        // Misses are read and opened straight into the caller's buffers.
+        self.packs
+            .read_many_into(
+                self.batch.as_ref().map(|u| u as &dyn PackIo),
+                &misses,
+                &mut miss_outs,
+            )
+            .map_err(|e| e.to_string())?;
+        for ((hash, _), data) in misses.iter().zip(miss_outs.iter()) {
             self.cache_insert(*hash, data);
         }
         Ok(())

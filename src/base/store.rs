@@ -236,6 +236,28 @@ impl BaseStore {
         }
     }
 
+    /// Calls `f` with every block record in the index (hash order); a malformed record is an
+    /// error.
+    fn for_each_block(&self, mut f: impl FnMut(&BlockHash, BlockRecord)) -> Result<(), BaseError> {
+        let mut bad = false;
+        self.index.range(
+            Family::Extents,
+            index::BLOCKS_START,
+            index::BLOCKS_END,
+            |k, v| {
+                match (<BlockHash>::try_from(&k[1..]), BlockRecord::decode(v)) {
+                    (Ok(h), Some(r)) => f(&h, r),
+                    _ => bad = true,
+                }
+                !bad
+            },
+        )?;
+        if bad {
+            return Err(BaseError::Corrupt("a block record is malformed".into()));
+        }
+        Ok(())
+    }
+
     /// Reads, opens and checks one block: exactly its bytes, or an error naming the block.
     pub fn read_block(&self, hash: &BlockHash) -> Result<Vec<u8>, BaseError> {
         let rec = self
@@ -517,22 +539,7 @@ impl BaseStore {
             .collect();
         let mut stored = 0u64;
         let mut sizes: HashMap<u32, u64> = HashMap::new();
-        let mut bad = None;
-        self.index.range(
-            Family::Extents,
-            index::BLOCKS_START,
-            index::BLOCKS_END,
-            |_, v| {
-                match BlockRecord::decode(v) {
-                    Some(r) => *sizes.entry(r.pack).or_default() += 1,
-                    None => bad = Some(()),
-                }
-                true
-            },
-        )?;
-        if bad.is_some() {
-            return Err(BaseError::Corrupt("a block record is malformed".into()));
-        }
+        self.for_each_block(|_, r| *sizes.entry(r.pack).or_default() += 1)?;
         for (pack, n) in sizes {
             stored += n * self.pack(pack)?.block_size as u64;
         }
@@ -616,24 +623,9 @@ impl BaseStore {
     /// running it again finishes the job.
     pub fn gc(&self, progress: &mut dyn FnMut(Progress)) -> Result<GcReport, BaseError> {
         let mut live: HashMap<u32, HashSet<u32>> = HashMap::new();
-        let mut bad = false;
-        self.index.range(
-            Family::Extents,
-            index::BLOCKS_START,
-            index::BLOCKS_END,
-            |_, v| {
-                match BlockRecord::decode(v) {
-                    Some(r) => {
-                        live.entry(r.pack).or_default().insert(r.slot);
-                    }
-                    None => bad = true,
-                }
-                true
-            },
-        )?;
-        if bad {
-            return Err(BaseError::Corrupt("a block record is malformed".into()));
-        }
+        self.for_each_block(|_, r| {
+            live.entry(r.pack).or_default().insert(r.slot);
+        })?;
         // Where imports append: those packs stay, and slots from the append point on are not
         // garbage but free.
         let mut appending: HashMap<u32, u32> = HashMap::new();
@@ -703,29 +695,24 @@ impl BaseStore {
     /// Reads every stored block back and checks it; and that every block a tree names exists.
     pub fn verify(&self) -> Result<VerifyReport, BaseError> {
         let mut report = VerifyReport::default();
-        let mut hashes: Vec<BlockHash> = Vec::new();
-        self.index.range(
-            Family::Extents,
-            index::BLOCKS_START,
-            index::BLOCKS_END,
-            |k, _| {
-                if let Ok(h) = k[1..].try_into() {
-                    hashes.push(h);
-                }
-                true
-            },
-        )?;
-        for h in &hashes {
+        let mut blocks: Vec<(BlockHash, BlockRecord)> = Vec::new();
+        self.for_each_block(|h, r| blocks.push((*h, r)))?;
+        for (h, rec) in &blocks {
             report.blocks += 1;
-            match self.read_block(h) {
-                Ok(_) => {}
+            // The record is in hand: read the slot without looking it up again.
+            let read = self.pack(rec.pack).and_then(|p| {
+                let mut out = vec![0u8; p.block_size as usize];
+                self.packs.read_into(h, rec, &mut out)
+            });
+            match read {
+                Ok(()) => {}
                 Err(e @ (BaseError::BlockCorrupt { .. } | BaseError::Io { .. })) => {
                     report.bad.push(format!("{}: {e}", hex::encode(h)))
                 }
                 Err(e) => return Err(e),
             }
         }
-        let known: HashSet<BlockHash> = hashes.into_iter().collect();
+        let known: HashSet<BlockHash> = blocks.into_iter().map(|(h, _)| h).collect();
         self.index.range(Family::Dirents, b"K", b"L", |_, v| {
             if v.len() != 32 || !known.contains(<&BlockHash>::try_from(v).expect("32 bytes")) {
                 report.missing += 1;

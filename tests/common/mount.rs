@@ -647,3 +647,22 @@ pub fn start_daemon_env(
     assert_eq!(&buf[..n], b"READY=1");
     (d, listener)
 }
+
+/// Sends one JSON request line to the control socket at `socket` as uid/gid 65534 (python3
+/// through setpriv) and returns the response line: what a non-root client gets.
+pub fn request_as_nobody(socket: &Path, request: &str) -> String {
+    let script = format!(
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); \
+         s.sendall({:?}.encode() + b'\\n'); print(s.makefile().readline())",
+        socket.to_str().unwrap(),
+        request
+    );
+    check(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/bin/python3",
+        "-c",
+        &script,
+    ]))
+}
