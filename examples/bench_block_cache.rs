@@ -15,7 +15,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use foyer::{Cache, CacheBuilder, S3FifoConfig};
+use foyer_memory::{Cache, CacheBuilder, S3FifoConfig};
 use nix::sys::resource::{getrusage, UsageWho};
 use tenantfs::cache::{BlockCache, BlockHash, SlabAllocator};
 use tenantfs::store::RocksBlockCache;

@@ -12,7 +12,8 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use foyer::{Cache, CacheBuilder, CacheEntry, Event, EventListener, S3FifoConfig};
+use foyer_common::event::{Event, EventListener};
+use foyer_memory::{Cache, CacheBuilder, CacheEntry, S3FifoConfig};
 
 use super::slab::{SlabAllocator, SlabBox, SlabStats};
 
