@@ -21,6 +21,8 @@ pub fn cache_handler(
         Request::CacheRelease { bytes } => {
             let rss_before = process_rss_bytes().ok();
             let released = cache.release(bytes);
+            // Evicted entries free malloc'd metadata too: hand glibc's free pages back as well.
+            crate::cache::malloc::give_back_free_heap();
             Response::ok(json!({
                 "server": what,
                 "pid": std::process::id(),
@@ -38,10 +40,12 @@ pub fn cache_handler(
             tracing::info!(bytes, "cache budget set by the operator");
             Response::ok(stats(&cache, governor.as_deref(), &what))
         }
-        Request::Mount { .. } | Request::Umount { .. } | Request::Stats => Response::err(
-            "this process serves one mount; mounts and host stats are the daemon's \
+        Request::Mount { .. } | Request::Umount { .. } | Request::Stats | Request::TenantList => {
+            Response::err(
+                "this process serves one mount; mounts and host stats are the daemon's \
              (start it with `tenantfs daemon`)",
-        ),
+            )
+        }
     })
 }
 

@@ -68,7 +68,11 @@ impl Daemon {
     fn mounts(&self) -> std::sync::MutexGuard<'_, BTreeMap<PathBuf, MountedTenant>> {
         let mut m = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
         // Sessions unmounted from outside (umount(8)) have ended: forget them.
+        let before = m.len();
         m.retain(|_, t| !t.is_finished());
+        if m.len() < before {
+            crate::cache::malloc::give_back_free_heap();
+        }
         m
     }
 
@@ -110,7 +114,12 @@ impl Daemon {
         };
         m.unmount().map_err(|e| e.to_string())?;
         let m = mounts.remove(&path).expect("present");
-        Ok(Some(m.tenant))
+        drop(mounts);
+        let tenant = m.tenant.clone();
+        // The store is closed once the session and its volume are gone.
+        drop(m);
+        crate::cache::malloc::give_back_free_heap();
+        Ok(Some(tenant))
     }
 
     /// Unmounts everything (busy mounts are detached), waiting for every store to close.
@@ -141,6 +150,25 @@ impl Daemon {
             .result
             .unwrap_or(Value::Null);
         json!({"pid": std::process::id(), "mounts": mounts, "cache": cache})
+    }
+
+    /// The data dir's tenants, each with the mountpoints this daemon serves it at.
+    fn tenant_list(&self) -> Result<Value, String> {
+        let list = crate::tenants::list(self.data.root()).map_err(|e| e.to_string())?;
+        let mounts = self.mounts();
+        Ok(list
+            .into_iter()
+            .map(|t| {
+                let at: Vec<&PathBuf> = mounts
+                    .iter()
+                    .filter(|(_, m)| m.tenant == t.name)
+                    .map(|(p, _)| p)
+                    .collect();
+                let mut v = json!(t);
+                v["mounts"] = json!(at);
+                v
+            })
+            .collect())
     }
 
     /// Everything in the Prometheus text format: per-mount operation series and host numbers.
@@ -210,6 +238,7 @@ impl Daemon {
                 Err(e) => Err(e),
             },
             Request::Stats => Ok(self.stats()),
+            Request::TenantList => self.tenant_list(),
             other => return (self.cache_requests)(other),
         };
         match result {
