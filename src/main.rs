@@ -184,7 +184,7 @@ fn run(cli: Cli) -> Result<()> {
             *block_size,
             base.as_deref(),
         ),
-        Command::Tenant(TenantCommand::List { json }) => tenant_list(&cli.data_dir, *json),
+        Command::Tenant(TenantCommand::List { json }) => tenant_list(&cli, *json),
         Command::Tenant(TenantCommand::Delete { name }) => tenant_delete(&cli.data_dir, key, name),
         Command::Config(ConfigCommand::Check) => config_check(cli.config.as_deref()),
         Command::Mount {
@@ -556,8 +556,35 @@ fn tenant_create(
     Ok(())
 }
 
-fn tenant_list(root: &Path, json: bool) -> Result<()> {
-    let list = tenants::list(root)?;
+/// The tenants with where they are mounted: from the daemon when it runs (it knows what it
+/// serves), otherwise from this host's mount table (tenantfs mounts named after the tenant).
+fn tenant_list(cli: &Cli, json: bool) -> Result<()> {
+    let root = &cli.data_dir;
+    let list: Vec<serde_json::Value> = match live_daemon(cli) {
+        Some(socket) => {
+            let v = control::request(&socket, &Request::TenantList)
+                .map_err(|e| anyhow::anyhow!("{}", daemon_error(e)))?;
+            serde_json::from_value(v)?
+        }
+        None => {
+            let table = tenantfs::fuse::parse_mountinfo(
+                &std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+            );
+            tenants::list(root)?
+                .into_iter()
+                .map(|t| {
+                    let at: Vec<&Path> = table
+                        .iter()
+                        .filter(|m| m.tenant() == Some(t.name.as_str()))
+                        .map(|m| m.mountpoint.as_path())
+                        .collect();
+                    let mut v = serde_json::json!(t);
+                    v["mounts"] = serde_json::json!(at);
+                    v
+                })
+                .collect()
+        }
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());
@@ -566,14 +593,26 @@ fn tenant_list(root: &Path, json: bool) -> Result<()> {
         println!("no tenants in {}", root.display());
         return Ok(());
     }
-    println!("{:<32} {:>10} {:>14}  BASE", "NAME", "BLOCK", "DISK BYTES");
+    println!(
+        "{:<32} {:>10} {:>14}  {:<16} MOUNTED AT",
+        "NAME", "BLOCK", "DISK BYTES", "BASE"
+    );
     for t in list {
+        let mounts: Vec<&str> = t["mounts"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|m| m.as_str()).collect())
+            .unwrap_or_default();
         println!(
-            "{:<32} {:>10} {:>14}  {}",
-            t.name,
-            t.block_size,
-            t.disk_bytes,
-            t.base.as_deref().unwrap_or("-")
+            "{:<32} {:>10} {:>14}  {:<16} {}",
+            t["name"].as_str().unwrap_or("?"),
+            t["block_size"],
+            t["disk_bytes"],
+            t["base"].as_str().unwrap_or("-"),
+            if mounts.is_empty() {
+                "-".to_owned()
+            } else {
+                mounts.join(", ")
+            }
         );
     }
     Ok(())

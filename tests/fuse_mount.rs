@@ -145,7 +145,14 @@ fn copy_tree_in_and_out() {
     assert!(diff.is_empty(), "{diff}");
     let df = check(cmd("df", &["-P"]).arg(&mnt));
     assert!(df.contains("tenantfs:t"), "{df}");
+    // Without a daemon, `tenant list` finds the mount in the host's mount table.
+    let list: serde_json::Value =
+        serde_json::from_str(&h.ok(&["tenant", "list", "--json"])).unwrap();
+    assert_eq!(list[0]["mounts"], serde_json::json!([mnt]), "{list}");
     m.umount();
+    let list: serde_json::Value =
+        serde_json::from_str(&h.ok(&["tenant", "list", "--json"])).unwrap();
+    assert_eq!(list[0]["mounts"], serde_json::json!([]), "{list}");
 
     let m = h.mount("t", &mnt, "cache=kernel");
     assert_same_tree(&want, &manifest(&mnt.join("tree")), "after remount");

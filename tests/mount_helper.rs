@@ -98,34 +98,69 @@ fn mount_t_tenantfs_fstab_and_umount() {
     assert!(err.contains("nope"), "{err}");
 }
 
+/// The acceptance path: daemon start -> two tenants mounted through the helper (one by
+/// `mount -t`, one by an fstab line) -> I/O -> `tenant list` and `stats` show both -> SIGTERM
+/// -> both unmounted, exit 0, data durable.
 #[test]
 fn mount_t_tenantfs_goes_through_the_daemon() {
     install_helper();
     let h = Host::new("helperd");
     h.create_tenant("b");
-    let d = start_daemon(&h, &h.root().join("notify"));
-    let mp = h.dir("mp");
+    h.create_tenant("c");
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let pid = d.0.id();
+    let (mb, mc) = (h.dir("mb"), h.dir("mc"));
     let opts = format!("data_dir={},config=/dev/null", h.data.display());
     check(
         mount_cmd()
             .args(["-t", "tenantfs", "b"])
-            .arg(&mp)
+            .arg(&mb)
             .args(["-o", &opts]),
     );
-    let _g = h.guard("b", &mp, d.0.id());
-    let s: serde_json::Value = serde_json::from_str(&h.ok(&["cache", "stats", "--json"])).unwrap();
-    assert_eq!(
-        s["processes"][0]["pid"].as_u64(),
-        Some(d.0.id() as u64),
-        "{s}"
-    );
-    std::fs::write(mp.join("x"), b"y").unwrap();
-    check(Command::new("umount").arg(&mp));
-    assert!(!tenantfs_mounted(&mp));
-    // The daemon forgets a mount unmounted behind its back and can mount it again.
+    let fstab = h.root().join("fstab");
+    std::fs::write(
+        &fstab,
+        format!("c {} tenantfs {opts},nofail 0 0\n", mc.display()),
+    )
+    .unwrap();
+    check(mount_cmd().arg("-T").arg(&fstab).arg(&mc));
+    let _g = (h.guard("b", &mb, pid), h.guard("c", &mc, pid));
+    std::fs::write(mb.join("x"), b"into b").unwrap();
+    std::fs::write(mc.join("x"), b"into c").unwrap();
+    assert_eq!(std::fs::read(mb.join("x")).unwrap(), b"into b");
+    assert_eq!(std::fs::read(mc.join("x")).unwrap(), b"into c");
+    // Both are served by the daemon: its stats and its tenant list show them.
+    let st: serde_json::Value = serde_json::from_str(&h.ok(&["stats", "--json"])).unwrap();
+    assert_eq!(st["pid"].as_u64(), Some(pid as u64), "{st}");
+    let served: Vec<&str> = st["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["tenant"].as_str().unwrap())
+        .collect();
+    assert_eq!(served, ["b", "c"], "{st}");
+    for m in st["mounts"].as_array().unwrap() {
+        assert!(m["written_bytes"].as_u64().unwrap() >= 6, "{st}");
+    }
+    let list: serde_json::Value =
+        serde_json::from_str(&h.ok(&["tenant", "list", "--json"])).unwrap();
+    for (t, mp) in [("b", &mb), ("c", &mc)] {
+        let e = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == t)
+            .unwrap_or_else(|| panic!("{t} missing: {list}"));
+        assert_eq!(e["mounts"], serde_json::json!([mp]), "{list}");
+    }
+    let table = h.ok(&["tenant", "list"]);
+    assert!(table.contains(mc.to_str().unwrap()), "{table}");
+    // umount(8) of a daemon mount: the daemon forgets it and can mount it again.
+    check(Command::new("umount").arg(&mb));
+    assert!(!tenantfs_mounted(&mb));
     let end = Instant::now() + Duration::from_secs(10);
     loop {
-        let out = output(h.cmd().args(["mount", "b"]).arg(&mp));
+        let out = output(h.cmd().args(["mount", "b"]).arg(&mb));
         if out.status.success() {
             break;
         }
@@ -136,6 +171,14 @@ fn mount_t_tenantfs_goes_through_the_daemon() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert_eq!(std::fs::read(mp.join("x")).unwrap(), b"y");
-    h.ok(&["umount", mp.to_str().unwrap()]);
+    assert_eq!(std::fs::read(mb.join("x")).unwrap(), b"into b");
+    // SIGTERM: both unmounted, exit 0; the data was flushed.
+    let st = d
+        .terminate(Duration::from_secs(30))
+        .expect("daemon did not exit");
+    assert!(st.success(), "{st}");
+    assert!(!tenantfs_mounted(&mb) && !tenantfs_mounted(&mc));
+    let m = h.mount("c", &mc, "");
+    assert_eq!(std::fs::read(m.join("x")).unwrap(), b"into c");
+    m.umount();
 }

@@ -22,6 +22,8 @@ pub enum Request {
     Umount { mountpoint: String },
     /// The daemon's mounts and host numbers (daemon only).
     Stats,
+    /// The data dir's tenants, each with the mountpoints the daemon serves it at (daemon only).
+    TenantList,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

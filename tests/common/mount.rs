@@ -608,6 +608,25 @@ pub fn sync_dir(path: &Path) {
 /// A running `tenantfs daemon`; killed on drop.
 pub struct Daemon(pub std::process::Child);
 
+impl Daemon {
+    /// SIGTERM, then the exit status (None if it is still running after `timeout`).
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        )
+        .unwrap();
+        let end = Instant::now() + timeout;
+        while Instant::now() < end {
+            if let Some(st) = self.0.try_wait().unwrap() {
+                return Some(st);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.0.kill();
