@@ -8,6 +8,9 @@
 //! usage: cargo build --release && cargo run --release --example bench_fuse_fio [-- SECONDS SIZE_MIB]
 //! Needs root, fio and /dev/fuse.
 
+mod common;
+use common::tenantfs_bin;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -81,16 +84,6 @@ const JOBS: &[Job] = &[
         direct: true,
     },
 ];
-
-fn tenantfs_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("tenantfs");
-    assert!(
-        bin.exists(),
-        "build the binary first: cargo build --release"
-    );
-    bin
-}
 
 fn tenantfs(data: &Path, args: &[&str]) {
     let out = Command::new(tenantfs_bin())

@@ -1,21 +1,30 @@
 //! Tenant interference: a fio "tenant" doing buffered 4k random reads over a page-cache-warm
 //! working set on the host disk, beside a busy tenantfs daemon, both in ONE memory-capped
-//! cgroup (v1 or v2). Three runs per repetition:
+//! cgroup (v1 or v2). Four runs per repetition:
 //!   1. baseline: the fio tenant alone in the cgroup (daemon stopped);
-//!   2. buffered: the daemon with `[store] direct_io = "off"` serving a tenant whose data set
+//!   2. CPU neighbour: a busy loop on the other CPU, in the cgroup, touching no memory and
+//!      doing no I/O: what any busy neighbour costs the fio tenant on this machine;
+//!   3. buffered: the daemon with `[store] direct_io = "off"` serving a tenant whose data set
 //!      is larger than its cache, under a random-read load generator;
-//!   3. O_DIRECT: the same with `direct_io = "auto"`.
+//!   4. O_DIRECT: the same with `direct_io = "auto"`.
 //!
-//! It prints the fio tenant's IOPS, p99 completion latency and % drop against the baseline of
-//! the same repetition, the cgroup's memory at the end of each run, how much of the fio
-//! working set was still in the page cache, and the load generator's IOPS.
+//! It prints the fio tenant's IOPS, p99 completion latency and % drop against the baseline
+//! and against the CPU neighbour of the same repetition, the cgroup's memory at the end of
+//! each run, how much of the fio working set was still in the page cache, how busy the other
+//! CPU was, and the load generator's IOPS; then the medians over the repetitions.
 //!
-//! CPU: the fio tenant is pinned to CPU 0, the daemon and its load generator to CPU 1, so the
-//! runs measure memory (page cache) interference, not two CPUs' worth of CPU contention.
+//! CPU: the fio tenant is pinned to CPU 0, the daemon and its load generator (or the busy
+//! loop) to CPU 1. The fio tenant is CPU-bound (page-cache hits), so on a VM whose vCPUs
+//! share a physical core it loses IOPS to anything that keeps the other vCPU busy; the CPU
+//! neighbour run measures that floor, and the drop beyond it is what tenantfs's memory and
+//! I/O cost the tenant.
 //!
 //! usage: cargo build --release --bins --examples
 //!        cargo run --release --example bench_interference [-- SECONDS REPEATS]
 //! Needs root, fio, taskset, fincore, /dev/fuse and a memory cgroup (v1 or v2).
+
+mod common;
+use common::tenantfs_bin;
 
 use std::fs;
 use std::io::Write;
@@ -43,6 +52,7 @@ const DAEMON_CPU: &str = "1";
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Kind {
     Baseline,
+    CpuNeighbour,
     Buffered,
     Direct,
 }
@@ -51,6 +61,7 @@ impl Kind {
     fn label(self) -> &'static str {
         match self {
             Kind::Baseline => "baseline (fio tenant alone)",
+            Kind::CpuNeighbour => "CPU neighbour (busy loop, no I/O)",
             Kind::Buffered => "tenantfs buffered (direct_io=off)",
             Kind::Direct => "tenantfs O_DIRECT (direct_io=auto)",
         }
@@ -233,22 +244,6 @@ fn run_ok(cmd: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn tenantfs_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    // target/release/examples/bench_interference -> target/release/tenantfs
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("example lives in target/<profile>/examples")
-        .join("tenantfs");
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build --release --bins --examples` first",
-        bin.display()
-    );
-    bin
-}
-
 fn is_mounted(mp: &Path) -> bool {
     let mp = mp.to_string_lossy();
     fs::read_to_string("/proc/self/mountinfo")
@@ -257,21 +252,44 @@ fn is_mounted(mp: &Path) -> bool {
         .any(|l| l.split_whitespace().nth(4) == Some(&*mp))
 }
 
-/// (steal, total) jiffies of CPU `cpu` from /proc/stat.
-fn cpu_steal(cpu: &str) -> (u64, u64) {
-    let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
-    let name = format!("cpu{cpu}");
-    stat.lines()
-        .find(|l| l.split_whitespace().next() == Some(&*name))
-        .map(|l| {
-            let v: Vec<u64> = l
-                .split_whitespace()
-                .skip(1)
-                .filter_map(|x| x.parse().ok())
-                .collect();
-            (v.get(7).copied().unwrap_or(0), v.iter().take(8).sum())
-        })
-        .unwrap_or((0, 0))
+/// Jiffies of one CPU from /proc/stat: (busy = user+nice+system+irq+softirq, steal, total).
+#[derive(Clone, Copy)]
+struct CpuTimes {
+    busy: u64,
+    steal: u64,
+    total: u64,
+}
+
+impl CpuTimes {
+    fn now(cpu: &str) -> CpuTimes {
+        let stat = fs::read_to_string("/proc/stat").unwrap_or_default();
+        let name = format!("cpu{cpu}");
+        let v: Vec<u64> = stat
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(&*name))
+            .map(|l| {
+                l.split_whitespace()
+                    .skip(1)
+                    .filter_map(|x| x.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let f = |i: usize| v.get(i).copied().unwrap_or(0);
+        CpuTimes {
+            busy: f(0) + f(1) + f(2) + f(5) + f(6),
+            steal: f(7),
+            total: (0..8).map(f).sum(),
+        }
+    }
+
+    /// (busy %, steal %) between `self` and the later sample `end`.
+    fn pct_until(self, end: CpuTimes) -> (f64, f64) {
+        let t = end.total.saturating_sub(self.total).max(1) as f64;
+        (
+            100.0 * end.busy.saturating_sub(self.busy) as f64 / t,
+            100.0 * end.steal.saturating_sub(self.steal) as f64 / t,
+        )
+    }
 }
 
 fn drop_caches() {
@@ -331,6 +349,7 @@ struct Harness {
     work: PathBuf,
     daemon: Option<Child>,
     loadgen: Option<Child>,
+    neighbour: Option<Child>,
     // Dropped last: the work dir.
     _tmp: tempfile::TempDir,
 }
@@ -538,6 +557,27 @@ impl Harness {
         self.loadgen = Some(child);
     }
 
+    /// A busy loop on the daemon's CPU, in the cgroup: CPU use without memory or I/O.
+    fn start_cpu_neighbour(&mut self) {
+        let child = in_cgroup(
+            &self.cg,
+            DAEMON_CPU,
+            Path::new("sh"),
+            &["-c", "while :; do :; done"],
+        )
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start busy loop");
+        self.neighbour = Some(child);
+    }
+
+    fn stop_cpu_neighbour(&mut self) {
+        if let Some(mut c) = self.neighbour.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     fn wait_loadgen(&mut self) {
         if let Some(mut c) = self.loadgen.take() {
             let st = c.wait().expect("wait load generator");
@@ -581,6 +621,7 @@ impl Drop for Harness {
             let _ = c.kill();
             let _ = c.wait();
         }
+        self.stop_cpu_neighbour();
         self.stop_daemon();
         self.cg.remove();
     }
@@ -595,10 +636,21 @@ struct Row {
     ws_warm: u64,
     tenant: FioResult,
     steal_pct: f64,
+    /// How busy the daemon's CPU was while the fio tenant ran.
+    other_cpu_busy_pct: f64,
     mem: MemSample,
     ws_end: u64,
     loadgen_iops: f64,
     cache: String,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 fn write_ws(path: &Path, mib: u64) {
@@ -635,11 +687,11 @@ fn main() {
     let secs: u64 = args
         .first()
         .map(|s| s.parse().expect("SECONDS"))
-        .unwrap_or(20);
+        .unwrap_or(10);
     let reps: usize = args
         .get(1)
         .map(|s| s.parse().expect("REPEATS"))
-        .unwrap_or(2);
+        .unwrap_or(5);
     assert!(nix::unistd::geteuid().is_root(), "needs root");
     for tool in ["fio", "taskset", "fincore", "dd", "du"] {
         assert!(
@@ -671,6 +723,7 @@ fn main() {
         work: work.clone(),
         daemon: None,
         loadgen: None,
+        neighbour: None,
         _tmp: tmp,
     };
     fs::create_dir(&h.mp).unwrap();
@@ -749,15 +802,13 @@ fn main() {
 
     let mut rows = Vec::new();
     for rep in 1..=reps {
-        let order = if rep % 2 == 1 {
-            [Kind::Baseline, Kind::Buffered, Kind::Direct]
-        } else {
-            [Kind::Baseline, Kind::Direct, Kind::Buffered]
-        };
-        for kind in order {
+        // Baseline first; the other three rotate so no kind always follows another.
+        let mut others = [Kind::CpuNeighbour, Kind::Buffered, Kind::Direct];
+        others.rotate_left((rep - 1) % 3);
+        for kind in std::iter::once(Kind::Baseline).chain(others) {
             println!("rep {rep}: {} ...", kind.label());
             let mode = match kind {
-                Kind::Baseline => None,
+                Kind::Baseline | Kind::CpuNeighbour => None,
                 Kind::Buffered => Some("off"),
                 Kind::Direct => Some("auto"),
             };
@@ -774,12 +825,15 @@ fn main() {
             if mode.is_some() {
                 h.start_loadgen(RAMP_SECS + secs + 2, &lg_out);
                 sleep(Duration::from_secs(RAMP_SECS));
+            } else if kind == Kind::CpuNeighbour {
+                h.start_cpu_neighbour();
+                sleep(Duration::from_secs(1));
             }
-            let steal0 = cpu_steal(TENANT_CPU);
+            let (c0, c1) = (CpuTimes::now(TENANT_CPU), CpuTimes::now(DAEMON_CPU));
             let tenant = h.fio_tenant(secs, &work.join(format!("tenant-{rep}-{kind:?}.json")));
-            let steal1 = cpu_steal(TENANT_CPU);
-            let steal_pct =
-                100.0 * (steal1.0 - steal0.0) as f64 / (steal1.1 - steal0.1).max(1) as f64;
+            let (_, steal_pct) = c0.pct_until(CpuTimes::now(TENANT_CPU));
+            let (other_cpu_busy_pct, _) = c1.pct_until(CpuTimes::now(DAEMON_CPU));
+            h.stop_cpu_neighbour();
             let mut mem = h.cg.sample();
             mem.limit_hits -= hits_before.min(mem.limit_hits);
             let ws_end = resident(&h.ws);
@@ -796,7 +850,8 @@ fn main() {
                 h.stop_daemon();
             }
             println!(
-                "  fio tenant {:.0} IOPS, p50 {:.1} us, p99 {:.1} us, cpu {:.0}% (steal {:.1}%); ws resident {} -> {} MiB; \
+                "  fio tenant {:.0} IOPS, p50 {:.1} us, p99 {:.1} us, cpu {:.0}% (steal {:.1}%), \
+                 CPU {DAEMON_CPU} busy {:.0}%; ws resident {} -> {} MiB; \
                  cgroup usage {} MiB (peak {}), cache {} MiB, rss {} MiB, limit hits {}; \
                  load generator {:.0} IOPS; {}; {}",
                 tenant.iops,
@@ -804,6 +859,7 @@ fn main() {
                 tenant.p99_us,
                 tenant.cpu_pct,
                 steal_pct,
+                other_cpu_busy_pct,
                 ws_warm / MIB,
                 ws_end / MIB,
                 mem.usage / MIB,
@@ -822,6 +878,7 @@ fn main() {
                 ws_warm,
                 tenant,
                 steal_pct,
+                other_cpu_busy_pct,
                 mem,
                 ws_end,
                 loadgen_iops,
@@ -830,32 +887,51 @@ fn main() {
         }
     }
 
+    let iops_of = |rep: usize, kind: Kind| {
+        rows.iter()
+            .find(|b| b.rep == rep && b.kind == kind)
+            .map(|b| b.tenant.iops)
+            .expect("every repetition runs every kind")
+    };
+    // % IOPS lost by `r` against the run of kind `reference` in the same repetition.
+    let drop_vs =
+        |r: &Row, reference: Kind| (1.0 - r.tenant.iops / iops_of(r.rep, reference)) * 100.0;
+
     println!();
     println!(
         "| rep | run | store I/O | fio tenant IOPS | p50 us | p99 us | IOPS drop vs baseline | \
-         p99 vs baseline | fio CPU % (CPU 0 steal %) | ws in page cache start -> end MiB | cgroup usage / peak MiB | \
-         cache / rss MiB | limit hits | load generator IOPS |"
+         drop vs CPU neighbour | p99 vs baseline | fio CPU % (CPU {TENANT_CPU} steal %) | CPU {DAEMON_CPU} busy % | \
+         ws in page cache start -> end MiB | cgroup usage / peak MiB | cache / rss MiB | limit hits | \
+         load generator IOPS |"
     );
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         let base = rows
             .iter()
             .find(|b| b.rep == r.rep && b.kind == Kind::Baseline)
             .expect("baseline");
-        let drop = (1.0 - r.tenant.iops / base.tenant.iops) * 100.0;
-        let p99x = r.tenant.p99_us / base.tenant.p99_us;
+        let vs_cpu = match r.kind {
+            Kind::Baseline | Kind::CpuNeighbour => "-".to_string(),
+            _ => format!("{:.1}%", drop_vs(r, Kind::CpuNeighbour)),
+        };
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1}% | {:.2}x | {:.0} ({:.1}) | {} -> {} | {} / {} | {} / {} | {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {} | {} | {:.2}x | {:.0} ({:.1}) | {:.0} | {} -> {} | {} / {} | {} / {} | {} | {} |",
             r.rep,
             r.kind.label(),
             r.store_io,
             r.tenant.iops,
             r.tenant.p50_us,
             r.tenant.p99_us,
-            drop,
-            p99x,
+            if r.kind == Kind::Baseline {
+                "-".to_string()
+            } else {
+                format!("{:.1}%", drop_vs(r, Kind::Baseline))
+            },
+            vs_cpu,
+            r.tenant.p99_us / base.tenant.p99_us,
             r.tenant.cpu_pct,
             r.steal_pct,
+            r.other_cpu_busy_pct,
             r.ws_warm / MIB,
             r.ws_end / MIB,
             r.mem.usage / MIB,
@@ -863,15 +939,52 @@ fn main() {
             r.mem.cache / MIB,
             r.mem.rss / MIB,
             r.mem.limit_hits,
-            if r.kind == Kind::Baseline {
-                "-".to_string()
-            } else {
+            if r.loadgen_iops > 0.0 {
                 format!("{:.0}", r.loadgen_iops)
+            } else {
+                "-".to_string()
             },
         );
     }
+
     println!();
-    for r in rows.iter().filter(|r| r.kind != Kind::Baseline) {
+    println!("Medians over {reps} repetitions:");
+    println!();
+    println!(
+        "| run | fio tenant IOPS | IOPS drop vs baseline | drop vs CPU neighbour | p99 us | \
+         CPU {DAEMON_CPU} busy % | limit hits |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for kind in [
+        Kind::Baseline,
+        Kind::CpuNeighbour,
+        Kind::Buffered,
+        Kind::Direct,
+    ] {
+        let of: Vec<&Row> = rows.iter().filter(|r| r.kind == kind).collect();
+        let med = |f: &dyn Fn(&Row) -> f64| median(of.iter().map(|r| f(r)).collect());
+        let pct = |f: &dyn Fn(&Row) -> f64| format!("{:.1}%", med(f));
+        println!(
+            "| {} | {:.0} | {} | {} | {:.1} | {:.0} | {:.0} |",
+            kind.label(),
+            med(&|r| r.tenant.iops),
+            if kind == Kind::Baseline {
+                "-".into()
+            } else {
+                pct(&|r| drop_vs(r, Kind::Baseline))
+            },
+            if matches!(kind, Kind::Baseline | Kind::CpuNeighbour) {
+                "-".into()
+            } else {
+                pct(&|r| drop_vs(r, Kind::CpuNeighbour))
+            },
+            med(&|r| r.tenant.p99_us),
+            med(&|r| r.other_cpu_busy_pct),
+            med(&|r| r.mem.limit_hits as f64),
+        );
+    }
+    println!();
+    for r in rows.iter().filter(|r| r.loadgen_iops > 0.0) {
         println!(
             "rep {} {}: daemon cache at end of run: {}",
             r.rep,

@@ -1,7 +1,7 @@
 //! Shared pieces of the store benchmarks: building a data set, timing reads, percentiles.
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tenantfs::store::{Encryption, Family, OpenMode, StoreHost, TenantDb};
@@ -106,4 +106,21 @@ pub fn timed(dur: Duration, mut op: impl FnMut()) -> Latencies {
         secs: start.elapsed().as_secs_f64(),
         ns,
     }
+}
+
+/// The `tenantfs` binary next to the running example (target/<profile>/examples/X ->
+/// target/<profile>/tenantfs).
+pub fn tenantfs_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("examples live in target/<profile>/examples")
+        .join("tenantfs");
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build --release --bins --examples` first",
+        bin.display()
+    );
+    bin
 }

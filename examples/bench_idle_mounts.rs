@@ -1,0 +1,356 @@
+//! Idle mounted tenants: what one more mounted tenant costs the daemon in RSS, and how long a
+//! mount takes. Hosts mount hundreds of tenants of which most sit idle, so the per-mount
+//! floor decides density (targets: <= 1 MiB RSS per idle mounted tenant, mount <= 50 ms).
+//!
+//! One daemon, N empty tenants (created before it starts). Steps, each followed by a settle
+//! and an RSS sample of the daemon (VmRSS, RssAnon, RssFile from /proc/PID/status):
+//!   1. daemon up, nothing mounted;
+//!   2. N mounts through the control socket (each mount timed: the daemon's own work, no
+//!      client process start);
+//!   3. every tenant used once (a 4 KiB file written, fsynced and read back), then idle;
+//!   4. the host cache released (`cache release`), as the governor would under pressure;
+//!   5. N unmounts through the socket (timed).
+//!
+//! Then K mounts and unmounts through the CLI (`tenantfs mount`/`umount`, what an operator or
+//! the mount helper pays: a process start plus the request) beside K runs of `tenantfs stats`,
+//! a CLI process that only asks the daemon for its numbers: the process-start floor.
+//!
+//! usage: cargo build --release --bins --examples
+//!        cargo run --release --example bench_idle_mounts [-- TENANTS CLI_MOUNTS]
+//! Needs root and /dev/fuse.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::tenantfs_bin;
+use tenantfs::control::{self, Request};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1 << 20;
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// VmRSS, RssAnon, RssFile of `pid`, bytes.
+#[derive(Clone, Copy)]
+struct Rss {
+    total: u64,
+    anon: u64,
+    file: u64,
+}
+
+fn rss(pid: u32) -> Rss {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
+    let kib = |key: &str| {
+        status
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(key)?
+                    .trim()
+                    .strip_suffix("kB")?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0u64)
+            * KIB
+    };
+    Rss {
+        total: kib("VmRSS:"),
+        anon: kib("RssAnon:"),
+        file: kib("RssFile:"),
+    }
+}
+
+/// The daemon's threads, counted by name (the kernel's `comm`), most common first.
+fn threads(pid: u32) -> Vec<(String, usize)> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for t in fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        *by_name.entry(comm.trim().to_owned()).or_insert(0) += 1;
+    }
+    let mut v: Vec<(String, usize)> = by_name.into_iter().collect();
+    v.sort_by_key(|t| std::cmp::Reverse(t.1));
+    v
+}
+
+fn count(threads: &[(String, usize)]) -> usize {
+    threads.iter().map(|t| t.1).sum()
+}
+
+struct Bench {
+    bin: PathBuf,
+    data: PathBuf,
+    cfg: PathBuf,
+    socket: PathBuf,
+    daemon: Option<Child>,
+    mounted: Vec<PathBuf>,
+    _tmp: tempfile::TempDir,
+}
+
+impl Bench {
+    fn cli(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("--data-dir")
+            .arg(&self.data)
+            .arg("--config")
+            .arg(&self.cfg)
+            .args(args)
+            .env_remove("TENANTFS_LOG");
+        c
+    }
+
+    fn ok(&self, args: &[&str]) {
+        let out = self.cli(args).output().expect("run tenantfs");
+        assert!(
+            out.status.success(),
+            "tenantfs {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    fn request(&self, req: &Request) -> serde_json::Value {
+        control::request(&self.socket, req).unwrap_or_else(|e| panic!("{req:?}: {e}"))
+    }
+
+    fn pid(&self) -> u32 {
+        self.daemon.as_ref().expect("daemon").id()
+    }
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        for mp in self.mounted.drain(..) {
+            let _ = Command::new("umount").arg("-l").arg(&mp).status();
+        }
+        if let Some(mut d) = self.daemon.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(d.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = d.wait();
+        }
+    }
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// "p50 x ms, p90 y ms, max z ms" of `ms`.
+fn summary(mut ms: Vec<f64>) -> (f64, f64, f64) {
+    ms.sort_by(|a, b| a.total_cmp(b));
+    (pct(&ms, 0.5), pct(&ms, 0.9), *ms.last().unwrap())
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let n: usize = args.first().map_or(100, |s| s.parse().expect("TENANTS"));
+    let k: usize = args.get(1).map_or(20, |s| s.parse().expect("CLI_MOUNTS"));
+    assert!(nix::unistd::geteuid().is_root(), "needs root");
+    assert!(k <= n && k > 0 && n > 0);
+
+    let tmp = tempfile::Builder::new()
+        .prefix("tenantfs-idle-")
+        .tempdir_in("/var/tmp")
+        .expect("tempdir in /var/tmp");
+    let root = tmp.path().to_path_buf();
+    let data = root.join("data");
+    let mut b = Bench {
+        bin: tenantfs_bin(),
+        socket: data.join("tenantfs.sock"),
+        cfg: root.join("tenantfs.toml"),
+        data,
+        daemon: None,
+        mounted: Vec::new(),
+        _tmp: tmp,
+    };
+    // The shipped defaults, except a budget small enough not to matter.
+    fs::write(&b.cfg, "[cache]\nbudget = \"256M\"\n").unwrap();
+    b.ok(&["init"]);
+    let t = Instant::now();
+    let names: Vec<String> = (0..n).map(|i| format!("t{i:04}")).collect();
+    for name in &names {
+        b.ok(&["tenant", "create", name]);
+    }
+    println!(
+        "created {n} tenants in {:.1} s; work dir {}",
+        t.elapsed().as_secs_f64(),
+        root.display()
+    );
+    let mps: Vec<PathBuf> = names
+        .iter()
+        .map(|name| {
+            let mp = root.join("mnt").join(name);
+            fs::create_dir_all(&mp).unwrap();
+            mp
+        })
+        .collect();
+
+    let daemon = b
+        .cli(&["daemon"])
+        .env("TENANTFS_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(root.join("daemon.log")).unwrap())
+        .spawn()
+        .expect("start daemon");
+    b.daemon = Some(daemon);
+    let start = Instant::now();
+    while control::request(&b.socket, &Request::Stats).is_err() {
+        assert!(start.elapsed() < Duration::from_secs(30), "daemon not up");
+        sleep(Duration::from_millis(20));
+    }
+    let pid = b.pid();
+    sleep(SETTLE);
+    let r0 = rss(pid);
+    let th0 = threads(pid);
+
+    // 2. N mounts through the socket.
+    let mut mount_ms = Vec::with_capacity(n);
+    for (name, mp) in names.iter().zip(&mps) {
+        let t = Instant::now();
+        b.request(&Request::Mount {
+            tenant: name.clone(),
+            mountpoint: mp.to_string_lossy().into_owned(),
+            options: String::new(),
+        });
+        mount_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        b.mounted.push(mp.clone());
+    }
+    sleep(SETTLE);
+    let r1 = rss(pid);
+    let th1 = threads(pid);
+
+    // 3. Each tenant used once, then idle.
+    let page = vec![0x5au8; 4096];
+    let mut back = vec![0u8; 4096];
+    for mp in &mps {
+        let f = fs::File::create(mp.join("touched")).unwrap();
+        f.write_all_at(&page, 0).unwrap();
+        f.sync_all().unwrap();
+        fs::File::open(mp.join("touched"))
+            .unwrap()
+            .read_exact_at(&mut back, 0)
+            .unwrap();
+        assert_eq!(back, page);
+    }
+    sleep(SETTLE);
+    let r2 = rss(pid);
+    let th2 = threads(pid);
+
+    // 4. Caches given back, as under memory pressure.
+    b.request(&Request::CacheRelease {
+        bytes: u64::MAX / 2,
+    });
+    sleep(SETTLE);
+    let r3 = rss(pid);
+    let th3 = threads(pid);
+
+    // 5. N unmounts through the socket.
+    let mut umount_ms = Vec::with_capacity(n);
+    for mp in &mps {
+        let t = Instant::now();
+        b.request(&Request::Umount {
+            mountpoint: mp.to_string_lossy().into_owned(),
+        });
+        umount_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    b.mounted.clear();
+    sleep(SETTLE);
+    let r4 = rss(pid);
+    let th4 = threads(pid);
+
+    // CLI: K mounts/unmounts and K no-op CLI requests, interleaved.
+    let (mut cli_mount, mut cli_umount, mut cli_noop) = (vec![], vec![], vec![]);
+    for (name, mp) in names.iter().zip(&mps).take(k) {
+        let mps = mp.to_str().unwrap();
+        let t = Instant::now();
+        b.ok(&["stats"]);
+        cli_noop.push(t.elapsed().as_secs_f64() * 1e3);
+        let t = Instant::now();
+        b.ok(&["mount", name, mps]);
+        cli_mount.push(t.elapsed().as_secs_f64() * 1e3);
+        b.mounted.push(mp.clone());
+        let t = Instant::now();
+        b.ok(&["umount", mps]);
+        cli_umount.push(t.elapsed().as_secs_f64() * 1e3);
+        b.mounted.clear();
+    }
+
+    let per =
+        |a: Rss, z: Rss, f: fn(Rss) -> u64| (f(z) as f64 - f(a) as f64) / n as f64 / KIB as f64;
+    println!();
+    println!("Daemon RSS (pid {pid}), {n} tenants:");
+    println!();
+    println!("| step | VmRSS MiB | RssAnon MiB | RssFile MiB | threads | per mounted tenant vs step 1 (KiB RSS / anon) |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let rows = [
+        ("1. daemon up, nothing mounted", r0, &th0),
+        ("2. all mounted, untouched", r1, &th1),
+        (
+            "3. each used once (4 KiB written, fsynced, read), idle",
+            r2,
+            &th2,
+        ),
+        ("4. after `cache release`", r3, &th3),
+        ("5. all unmounted", r4, &th4),
+    ];
+    for (i, (what, r, th)) in rows.iter().enumerate() {
+        println!(
+            "| {what} | {:.1} | {:.1} | {:.1} | {} | {} |",
+            r.total as f64 / MIB as f64,
+            r.anon as f64 / MIB as f64,
+            r.file as f64 / MIB as f64,
+            count(th),
+            if i == 0 {
+                "-".to_owned()
+            } else {
+                format!(
+                    "{:.0} / {:.0}",
+                    per(r0, *r, |r| r.total),
+                    per(r0, *r, |r| r.anon)
+                )
+            }
+        );
+    }
+    println!();
+    println!(
+        "Threads with {n} mounts (by name): {}",
+        th2.iter()
+            .map(|(name, c)| format!("{name} x{c}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!();
+    println!("Mount and unmount times, ms:");
+    println!();
+    println!("| operation | count | p50 | p90 | max | p50 / CLI floor |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let floor = summary(cli_noop.clone()).0;
+    for (what, ms) in [
+        ("mount through the socket (daemon's work)", mount_ms),
+        ("umount through the socket (flush + close)", umount_ms),
+        (
+            "`tenantfs stats` (CLI floor: process start + one request)",
+            cli_noop,
+        ),
+        ("`tenantfs mount` (CLI)", cli_mount),
+        ("`tenantfs umount` (CLI)", cli_umount),
+    ] {
+        let count = ms.len();
+        let (p50, p90, max) = summary(ms);
+        println!(
+            "| {what} | {count} | {p50:.1} | {p90:.1} | {max:.1} | {:.2}x |",
+            p50 / floor
+        );
+    }
+}
