@@ -13,7 +13,8 @@
 //!
 //! Then K mounts and unmounts through the CLI (`tenantfs mount`/`umount`, what an operator or
 //! the mount helper pays: a process start plus the request) beside K runs of `tenantfs stats`,
-//! a CLI process that only asks the daemon for its numbers: the process-start floor.
+//! a CLI process that only asks the daemon for its numbers: the process-start floor; and, when
+//! /sbin/mount.tenantfs is installed, K `mount -t tenantfs` (mount(8) and the helper script).
 //!
 //! usage: cargo build --release --bins --examples
 //!        cargo run --release --example bench_idle_mounts [-- TENANTS CLI_MOUNTS]
@@ -271,6 +272,8 @@ fn main() {
 
     // CLI: K mounts/unmounts and K no-op CLI requests, interleaved.
     let (mut cli_mount, mut cli_umount, mut cli_noop) = (vec![], vec![], vec![]);
+    let helper = std::path::Path::new("/sbin/mount.tenantfs").exists();
+    let mut helper_mount = vec![];
     for (name, mp) in names.iter().zip(&mps).take(k) {
         let mps = mp.to_str().unwrap();
         let t = Instant::now();
@@ -284,6 +287,25 @@ fn main() {
         b.ok(&["umount", mps]);
         cli_umount.push(t.elapsed().as_secs_f64() * 1e3);
         b.mounted.clear();
+        // mount(8) through the installed helper, when there is one.
+        if helper {
+            let opts = format!("data_dir={},config={}", b.data.display(), b.cfg.display());
+            let t = Instant::now();
+            let out = Command::new("mount")
+                .args(["-t", "tenantfs", name, mps, "-o", &opts])
+                .env("TENANTFS", &b.bin)
+                .output()
+                .expect("mount(8)");
+            helper_mount.push(t.elapsed().as_secs_f64() * 1e3);
+            assert!(
+                out.status.success(),
+                "mount -t tenantfs: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            b.mounted.push(mp.clone());
+            b.ok(&["umount", mps]);
+            b.mounted.clear();
+        }
     }
 
     let per =
@@ -345,8 +367,16 @@ fn main() {
         ),
         ("`tenantfs mount` (CLI)", cli_mount),
         ("`tenantfs umount` (CLI)", cli_umount),
+        (
+            "`mount -t tenantfs` (mount(8) + /sbin/mount.tenantfs + CLI)",
+            helper_mount,
+        ),
     ] {
         let count = ms.len();
+        if count == 0 {
+            println!("| {what} | 0 (no /sbin/mount.tenantfs: `make install`) | | | | |");
+            continue;
+        }
         let (p50, p90, max) = summary(ms);
         println!(
             "| {what} | {count} | {p50:.1} | {p90:.1} | {max:.1} | {:.2}x |",
