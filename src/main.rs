@@ -388,9 +388,19 @@ fn mount_foreground(
         )),
         None => None,
     };
+    let cache_requests =
+        control::cache_handler(cache.clone(), governor, format!("mount of tenant {tenant}"));
+    // `tenant list` asks each serving process what it serves: here, this one mount.
+    let served = serde_json::json!([{
+        "name": tenant,
+        "mounts": [std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_owned())],
+    }]);
     let _control = control::Server::start(
         &control::mount_socket(&cli.data_dir, tenant),
-        control::cache_handler(cache.clone(), governor, format!("mount of tenant {tenant}")),
+        Arc::new(move |req| match req {
+            Request::TenantList => control::Response::ok(served.clone()),
+            other => cache_requests(other),
+        }),
     )
     .context("cannot open the control socket")?;
     let log = data.tenants_dir().join(tenant).join("mount.log");
@@ -556,35 +566,38 @@ fn tenant_create(
     Ok(())
 }
 
-/// The tenants with where they are mounted: from the daemon when it runs (it knows what it
-/// serves), otherwise from this host's mount table (tenantfs mounts named after the tenant).
+/// The tenants with where they are mounted. The list comes from the data dir; the
+/// mountpoints from whoever serves them: the daemon and each per-mount serving process under
+/// `<data-dir>/run/` answer `tenant_list` with what they serve (a mount table lookup by name
+/// could not tell two data dirs' tenants of the same name apart).
 fn tenant_list(cli: &Cli, json: bool) -> Result<()> {
     let root = &cli.data_dir;
-    let list: Vec<serde_json::Value> = match live_daemon(cli) {
-        Some(socket) => {
-            let v = control::request(&socket, &Request::TenantList)
-                .map_err(|e| anyhow::anyhow!("{}", daemon_error(e)))?;
-            serde_json::from_value(v)?
+    let mut list: Vec<serde_json::Value> = tenants::list(root)?
+        .into_iter()
+        .map(|t| {
+            let mut v = serde_json::json!(t);
+            v["mounts"] = serde_json::json!([]);
+            v
+        })
+        .collect();
+    let mut servers: Vec<PathBuf> = live_daemon(cli).into_iter().collect();
+    match control::serving_sockets(root) {
+        Ok(s) => servers.extend(s),
+        Err(control::ControlError::NoServer(_)) => {}
+        Err(e) => return Err(e.into()),
+    }
+    for socket in servers {
+        let served = control::request(&socket, &Request::TenantList)
+            .map_err(|e| anyhow::anyhow!("{}", daemon_error(e)))?;
+        for s in served.as_array().into_iter().flatten() {
+            let mounts = s["mounts"].as_array().cloned().unwrap_or_default();
+            if let Some(t) = list.iter_mut().find(|t| t["name"] == s["name"]) {
+                if let Some(m) = t["mounts"].as_array_mut() {
+                    m.extend(mounts);
+                }
+            }
         }
-        None => {
-            let table = tenantfs::fuse::parse_mountinfo(
-                &std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
-            );
-            tenants::list(root)?
-                .into_iter()
-                .map(|t| {
-                    let at: Vec<&Path> = table
-                        .iter()
-                        .filter(|m| m.tenant() == Some(t.name.as_str()))
-                        .map(|m| m.mountpoint.as_path())
-                        .collect();
-                    let mut v = serde_json::json!(t);
-                    v["mounts"] = serde_json::json!(at);
-                    v
-                })
-                .collect()
-        }
-    };
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&list)?);
         return Ok(());

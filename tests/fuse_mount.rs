@@ -145,7 +145,8 @@ fn copy_tree_in_and_out() {
     assert!(diff.is_empty(), "{diff}");
     let df = check(cmd("df", &["-P"]).arg(&mnt));
     assert!(df.contains("tenantfs:t"), "{df}");
-    // Without a daemon, `tenant list` finds the mount in the host's mount table.
+    // Without a daemon, `tenant list` asks the serving process (other tests' tenants named
+    // "t" in other data dirs are mounted meanwhile: they must not show up).
     let list: serde_json::Value =
         serde_json::from_str(&h.ok(&["tenant", "list", "--json"])).unwrap();
     assert_eq!(list[0]["mounts"], serde_json::json!([mnt]), "{list}");
