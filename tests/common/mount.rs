@@ -625,6 +625,17 @@ impl Daemon {
         }
         None
     }
+
+    /// SIGTERM: the daemon exits 0 within 30 s with none of `mounts` left mounted.
+    pub fn terminate_cleanly(&mut self, mounts: &[&Path]) {
+        let st = self
+            .terminate(Duration::from_secs(30))
+            .expect("daemon did not exit on SIGTERM");
+        assert!(st.success(), "daemon exited with {st}");
+        for mp in mounts {
+            assert!(!tenantfs_mounted(mp), "{} still mounted", mp.display());
+        }
+    }
 }
 
 impl Drop for Daemon {
