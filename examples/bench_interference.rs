@@ -11,7 +11,8 @@
 //! It prints the fio tenant's IOPS, p99 completion latency and % drop against the baseline
 //! and against the CPU neighbour of the same repetition, the cgroup's memory at the end of
 //! each run, how much of the fio working set was still in the page cache, how busy the other
-//! CPU was, and the load generator's IOPS; then the medians over the repetitions.
+//! CPU was, the load generator's IOPS and the daemon's governor decisions; then the medians
+//! over the repetitions.
 //!
 //! CPU: the fio tenant is pinned to CPU 0, the daemon and its load generator (or the busy
 //! loop) to CPU 1. The fio tenant is CPU-bound (page-cache hits), so on a VM whose vCPUs
@@ -449,6 +450,41 @@ impl Harness {
             .unwrap_or_else(|| "direct_io=? (not logged)".into())
     }
 
+    /// The governor's decisions logged by the daemon since byte `from` of its log: counts and
+    /// the first shrink's reason.
+    fn governor_decisions(&self, direct_io: &str, from: u64) -> String {
+        let log = fs::read(self.work.join(format!("daemon-{direct_io}.log"))).unwrap_or_default();
+        let text = String::from_utf8_lossy(log.get(from as usize..).unwrap_or_default());
+        let shrinks: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("cache budget shrunk"))
+            .collect();
+        let grows = text
+            .lines()
+            .filter(|l| l.contains("cache budget grown"))
+            .count();
+        let first = shrinks
+            .first()
+            .and_then(|l| {
+                Some(
+                    l[l.find("reason=")?..]
+                        .chars()
+                        .take(200)
+                        .collect::<String>(),
+                )
+            })
+            .unwrap_or_default();
+        format!(
+            "governor: {} shrinks, {grows} grows{}{first}",
+            shrinks.len(),
+            if first.is_empty() { "" } else { "; first " }
+        )
+    }
+
+    fn log_len(&self, direct_io: &str) -> u64 {
+        fs::metadata(self.work.join(format!("daemon-{direct_io}.log"))).map_or(0, |m| m.len())
+    }
+
     fn cache_budget(&self) -> String {
         let out = self.tenantfs(&["cache", "stats", "--json"]).output();
         let Ok(out) = out else { return "?".into() };
@@ -812,11 +848,15 @@ fn main() {
                 Kind::Buffered => Some("off"),
                 Kind::Direct => Some("auto"),
             };
+            let log_from = mode.map_or(0, |m| h.log_len(m));
+            // Same start for every run: the daemon starts in an empty cgroup (not one still
+            // full of the last buffered run's page cache, where its first allocations would
+            // reclaim and its governor would shrink the cache at once), then empty page
+            // cache again, then the working set warm and charged to the cgroup.
             if let Some(m) = mode {
+                drop_caches();
                 h.start_daemon(m);
             }
-            // Same start for every run: empty page cache, then the working set warm and
-            // charged to the cgroup.
             drop_caches();
             h.cg.reset_peak();
             let ws_warm = h.warm_ws();
@@ -839,7 +879,11 @@ fn main() {
             let ws_end = resident(&h.ws);
             let (store_io, cache, loadgen_iops) = match mode {
                 Some(m) => {
-                    let cache = h.cache_budget();
+                    let cache = format!(
+                        "{}; {}",
+                        h.cache_budget(),
+                        h.governor_decisions(m, log_from)
+                    );
                     h.wait_loadgen();
                     let lg = fio_read_result(&fio_json(&lg_out));
                     (h.store_direct_io(m), cache, lg.iops)
