@@ -3,6 +3,12 @@
 //! memory.pressure signal POLLPRI once stall time in a window passes a threshold) and v1
 //! memory.pressure_level notifications (an eventfd registered through cgroup.event_control).
 //!
+//! A new trigger can fire at once for stall that happened before it existed: the kernel
+//! starts its first window from a total it only updates while some trigger exists (seen here:
+//! an event 0.19 s after registration, with no stall since, after a thrashing cgroup had
+//! stalled earlier). Within its first window an event therefore counts only if the file's
+//! `some total` grew by the trigger's stall since registration.
+//!
 //! Every watcher is optional: a kernel without PSI, a caller without CAP_SYS_RESOURCE (whose
 //! trigger windows must be multiples of 2 s; we retry with one) or a missing file logs one
 //! warning and the governor carries on with what it samples each tick.
@@ -10,8 +16,8 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd};
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -41,9 +47,49 @@ struct V1Level {
     _level: File,
 }
 
+/// A registered PSI trigger and what it needs to tell a real first-window event from stale
+/// stall.
+struct PsiTrigger {
+    file: File,
+    path: PathBuf,
+    stall: Duration,
+    window: Duration,
+    armed: Instant,
+    /// `some total` (microseconds) at registration.
+    total_at_arm: Option<u64>,
+}
+
+fn some_total_us(path: &Path) -> Option<u64> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Some(super::signals::parse_psi(&text)?.some.total_us)
+}
+
+impl PsiTrigger {
+    /// Whether an event from this trigger stands for stall since it was registered.
+    fn event_is_real(&self) -> bool {
+        if self.armed.elapsed() >= self.window {
+            return true;
+        }
+        let (Some(then), Some(now)) = (self.total_at_arm, some_total_us(&self.path)) else {
+            return true;
+        };
+        let grew = Duration::from_micros(now.saturating_sub(then));
+        if grew < self.stall {
+            tracing::debug!(
+                path = %self.path.display(),
+                grew_ms = grew.as_millis() as u64,
+                stall_ms = self.stall.as_millis() as u64,
+                "PSI trigger fired in its first window for stall from before it existed; ignored"
+            );
+            return false;
+        }
+        true
+    }
+}
+
 pub(crate) struct Watch {
-    host_psi: Option<File>,
-    cgroup_psi: Option<File>,
+    host_psi: Option<PsiTrigger>,
+    cgroup_psi: Option<PsiTrigger>,
     v1_level: Option<V1Level>,
 }
 
@@ -68,7 +114,16 @@ fn write_trigger(path: &Path, stall: Duration, window: Duration) -> std::io::Res
 
 /// Opens a PSI file with a `some` trigger; on EINVAL retries with the window rounded up to
 /// what an unprivileged caller may use, the stall scaled with it.
-fn register_psi(path: &Path, stall: Duration, window: Duration) -> std::io::Result<File> {
+fn register_psi(path: &Path, stall: Duration, window: Duration) -> std::io::Result<PsiTrigger> {
+    let total_at_arm = some_total_us(path);
+    let armed = |file: File, stall: Duration, window: Duration| PsiTrigger {
+        file,
+        path: path.to_owned(),
+        stall,
+        window,
+        armed: Instant::now(),
+        total_at_arm,
+    };
     match write_trigger(path, stall, window) {
         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
             let n = window
@@ -77,16 +132,17 @@ fn register_psi(path: &Path, stall: Duration, window: Duration) -> std::io::Resu
                 .max(1);
             let wider = UNPRIVILEGED_WINDOW * n as u32;
             let scaled = stall.mul_f64(wider.as_secs_f64() / window.as_secs_f64().max(1e-6));
-            let f = write_trigger(path, scaled.min(wider), wider).map_err(|_| e)?;
+            let stall = scaled.min(wider);
+            let f = write_trigger(path, stall, wider).map_err(|_| e)?;
             tracing::info!(
                 path = %path.display(),
-                stall_ms = scaled.as_millis() as u64,
+                stall_ms = stall.as_millis() as u64,
                 window_ms = wider.as_millis() as u64,
                 "PSI trigger registered with an unprivileged window"
             );
-            Ok(f)
+            Ok(armed(f, stall, wider))
         }
-        r => r,
+        r => r.map(|f| armed(f, stall, window)),
     }
 }
 
@@ -107,7 +163,7 @@ fn register_v1_level(dir: &Path) -> std::io::Result<V1Level> {
 impl Watch {
     /// Registers what `config` enables and the system allows; failures are logged once.
     pub(crate) fn new(cgroup: Option<&CgroupMemory>, config: &WatchConfig) -> Watch {
-        let psi = |path: &Path| -> Option<File> {
+        let psi = |path: &Path| -> Option<PsiTrigger> {
             if !config.psi_triggers {
                 return None;
             }
@@ -147,13 +203,13 @@ impl Watch {
     pub(crate) fn wait(&mut self, wake: &EventFd, timeout: Duration) -> Woke {
         let mut sources = vec![Source::Wake];
         let mut fds = vec![PollFd::new(wake.as_fd(), PollFlags::POLLIN)];
-        if let Some(f) = &self.host_psi {
+        if let Some(t) = &self.host_psi {
             sources.push(Source::HostPsi);
-            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLPRI));
+            fds.push(PollFd::new(t.file.as_fd(), PollFlags::POLLPRI));
         }
-        if let Some(f) = &self.cgroup_psi {
+        if let Some(t) = &self.cgroup_psi {
             sources.push(Source::CgroupPsi);
-            fds.push(PollFd::new(f.as_fd(), PollFlags::POLLPRI));
+            fds.push(PollFd::new(t.file.as_fd(), PollFlags::POLLPRI));
         }
         if let Some(l) = &self.v1_level {
             sources.push(Source::V1Level);
@@ -194,7 +250,9 @@ impl Watch {
                         // The trigger is gone (cgroup removed): POLLERR would spin the loop.
                         tracing::warn!("PSI trigger file reports an error; dropping it");
                         *slot = None;
-                    } else if ev.contains(PollFlags::POLLPRI) {
+                    } else if ev.contains(PollFlags::POLLPRI)
+                        && slot.as_ref().is_some_and(PsiTrigger::event_is_real)
+                    {
                         match source {
                             Source::HostPsi => woke.triggers.host_psi = true,
                             _ => woke.triggers.cgroup_psi = true,
@@ -223,6 +281,55 @@ impl Watch {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    fn psi_text(some_total_us: u64) -> String {
+        format!(
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total={some_total_us}\n\
+             full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n"
+        )
+    }
+
+    /// A trigger over a fixture PSI file armed `ago` with `some total` 1,000,000 us.
+    fn fixture_trigger(dir: &Path, ago: Duration) -> PsiTrigger {
+        let path = dir.join("memory.pressure");
+        std::fs::write(&path, psi_text(1_000_000)).unwrap();
+        PsiTrigger {
+            file: File::open(&path).unwrap(),
+            total_at_arm: some_total_us(&path),
+            path,
+            stall: Duration::from_millis(100),
+            window: Duration::from_secs(2),
+            armed: Instant::now() - ago,
+        }
+    }
+
+    #[test]
+    fn first_window_events_need_stall_since_registration() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = fixture_trigger(dir.path(), Duration::ZERO);
+        assert_eq!(t.total_at_arm, Some(1_000_000));
+        // The kernel fired, but the stall grew 10 ms since registration: stale.
+        std::fs::write(&t.path, psi_text(1_010_000)).unwrap();
+        assert!(!t.event_is_real());
+        // 120 ms of new stall: real.
+        std::fs::write(&t.path, psi_text(1_120_000)).unwrap();
+        assert!(t.event_is_real());
+    }
+
+    #[test]
+    fn events_after_the_first_window_are_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = fixture_trigger(dir.path(), Duration::from_secs(3));
+        std::fs::write(&t.path, psi_text(1_000_000)).unwrap();
+        assert!(
+            t.event_is_real(),
+            "the kernel's own window has rolled by now"
+        );
+        // Unreadable totals never hide an event.
+        let t = fixture_trigger(dir.path(), Duration::ZERO);
+        std::fs::remove_file(&t.path).unwrap();
+        assert!(t.event_is_real());
+    }
 
     fn config() -> WatchConfig {
         WatchConfig {
