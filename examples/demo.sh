@@ -93,6 +93,7 @@ echo "    alice: $(tr '\n' '|' < "$MNT/etc/motd")"
 echo "    bob:   $(tr '\n' '|' < "$MNT2/etc/motd")"
 cmp -s "$MNT2/usr/share/blob" "$BASE_SRC/usr/share/blob" && echo "  bob reads the base's 4 MiB blob intact"
 cat "$MNT/usr/share/blob" > /dev/null   # alice reads the same base blocks: cache hits
+tfs tenant list
 tfs stats
 echo "+ tenantfs cache stats --json  (the base blocks, cached once for both tenants)"
 "$BIN/tenantfs" --data-dir "$DATA" --config /dev/null cache stats --json | python3 -c 'import json, sys; d = json.load(sys.stdin)["processes"][0]["blocks"]

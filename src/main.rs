@@ -618,8 +618,8 @@ fn tenant_list(cli: &Cli, json: bool) -> Result<()> {
         println!(
             "{:<32} {:>10} {:>14}  {:<16} {}",
             t["name"].as_str().unwrap_or("?"),
-            t["block_size"],
-            t["disk_bytes"],
+            t["block_size"].as_u64().unwrap_or(0),
+            t["disk_bytes"].as_u64().unwrap_or(0),
             t["base"].as_str().unwrap_or("-"),
             if mounts.is_empty() {
                 "-".to_owned()
