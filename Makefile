@@ -48,6 +48,11 @@ bench: build
 	$(CARGO) run --release --example bench_encrypted_reads
 	$(CARGO) run --release --example bench_cache_regimes
 	$(CARGO) run --release --example bench_fuse_fio
+	$(CARGO) run --release --example bench_block_cache
+	$(CARGO) run --release --example bench_pack_io
+	$(CARGO) run --release --example bench_base
+	$(CARGO) run --release --example bench_idle_mounts
+	$(CARGO) run --release --example bench_interference
 
 # The library's unit tests and the cache concurrency tests under AddressSanitizer (nightly
 # Rust, -Zsanitizer=address; free slab slots are poisoned by the `asan` feature). RocksDB is
