@@ -1,6 +1,12 @@
 //! The pressure readers against this machine's live files (cgroup v1 here; v2 is covered by
 //! fixtures in src/pressure/signals.rs).
 
+#[path = "common/cgroup.rs"]
+mod cgroup;
+
+use std::path::Path;
+
+use cgroup::Cgroup;
 use tenantfs::pressure::signals::{read_host_psi, read_mem_available, CgroupMemory};
 
 #[test]
@@ -20,56 +26,30 @@ fn live_signals_read() {
 #[test]
 fn v1_cgroup_limit_is_seen() {
     // A real memory-capped v1 cgroup: its files report the limit we set.
-    let root = std::path::Path::new("/sys/fs/cgroup/memory");
-    if !root.join("memory.limit_in_bytes").exists() {
-        eprintln!("no cgroup v1 memory controller here; skipped");
+    let Some(cg) = Cgroup::new("limit", 256 << 20) else {
         return;
-    }
-    let dir = root.join(format!("tenantfs-test-{}", std::process::id()));
-    std::fs::create_dir(&dir).unwrap();
-    struct Cleanup(std::path::PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir(&self.0);
-        }
-    }
-    let _c = Cleanup(dir.clone());
-    std::fs::write(dir.join("memory.limit_in_bytes"), "268435456").unwrap();
-    let state = CgroupMemory::V1(dir.clone()).state().unwrap();
+    };
+    let state = CgroupMemory::V1(cg.0.clone()).state().unwrap();
     assert_eq!(state.max, Some(256 << 20));
     assert_eq!(state.current, 0, "no task in the new cgroup");
-}
-
-/// A v1 cgroup under /sys/fs/cgroup/memory, removed on drop; `None` without v1.
-struct V1Cgroup(std::path::PathBuf);
-
-impl V1Cgroup {
-    fn new(name: &str, limit: u64) -> Option<V1Cgroup> {
-        let root = std::path::Path::new("/sys/fs/cgroup/memory");
-        if !root.join("memory.limit_in_bytes").exists() {
-            return None;
-        }
-        let dir = root.join(format!("tenantfs-{name}-{}", std::process::id()));
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
-        Some(V1Cgroup(dir))
-    }
-}
-
-impl Drop for V1Cgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir(&self.0);
-    }
 }
 
 /// Random 4k reads over `file` from 4 jobs for `secs` inside `cg`, whose limit is far below
 /// the file: the reads keep refaulting evicted pages, which the kernel counts as memory stall
 /// (about 150 ms of host `some` stall in 3 s here).
-fn thrash(cg: &V1Cgroup, file: &std::path::Path, secs: u32) {
-    let st = std::process::Command::new("sh")
-        .arg("-c")
-        .arg(r#"echo $$ > "$1/cgroup.procs" && exec fio --name=thrash --filename="$2" --rw=randread --bs=4k --invalidate=0 --numjobs=4 --time_based --runtime="$3" --output=/dev/null"#)
-        .args(["sh", cg.0.to_str().unwrap(), file.to_str().unwrap(), &secs.to_string()])
+fn thrash(cg: &Cgroup, file: &Path, secs: u32) {
+    let st = cg
+        .command("fio")
+        .args([
+            "--name=thrash",
+            "--rw=randread",
+            "--bs=4k",
+            "--invalidate=0",
+            "--numjobs=4",
+        ])
+        .args(["--time_based", "--output=/dev/null"])
+        .arg(format!("--filename={}", file.display()))
+        .arg(format!("--runtime={secs}"))
         .status()
         .unwrap();
     assert!(st.success(), "fio in the thrashing cgroup: {st}");
@@ -85,10 +65,9 @@ fn a_new_governor_ignores_stall_from_before_it_started() {
     use std::time::Duration;
     use tenantfs::pressure::{Governor, GovernorConfig};
     let (Some(small), Some(empty)) = (
-        V1Cgroup::new("thrash", 64 << 20),
-        V1Cgroup::new("governed", 1 << 30),
+        Cgroup::new("thrash", 64 << 20),
+        Cgroup::new("governed", 1 << 30),
     ) else {
-        eprintln!("no cgroup v1 memory controller here; skipped");
         return;
     };
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();

@@ -1,10 +1,14 @@
 //! The shipped systemd units pass `systemd-analyze verify` (with ExecStart pointed at the
 //! binary under test), and the shipped example config passes `tenantfs config check`.
 
+mod common;
+#[path = "common/mount.rs"]
+mod mount;
+
 use std::path::Path;
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_tenantfs");
+use mount::{check, BIN};
 
 #[test]
 fn units_verify_clean() {
@@ -48,15 +52,10 @@ fn units_verify_clean() {
 #[test]
 fn example_config_checks_clean() {
     let cfg = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/tenantfs.toml");
-    let out = Command::new(BIN)
-        .arg("--config")
-        .arg(&cfg)
-        .args(["config", "check"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    check(
+        Command::new(BIN)
+            .arg("--config")
+            .arg(&cfg)
+            .args(["config", "check"]),
     );
 }
