@@ -211,17 +211,7 @@ fn check_len(len: usize) -> io::Result<()> {
 
 impl PackIo for UringIo {
     fn read_at(&self, file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_len(buf.len())?;
-        let op = Op::Read {
-            buf: ReadBuf {
-                ptr: buf.as_mut_ptr(),
-                len: buf.len(),
-            },
-            offset,
-        };
-        // SAFETY: `buf` is exclusively borrowed for this whole call and `run` returns only
-        // after the read completed, so the kernel writes into it only while it is ours.
-        unsafe { self.run(file, vec![op]) }
+        self.read_many(file, &mut [(offset, buf)])
     }
 
     fn write_at(&self, file: &File, buf: &[u8], offset: u64) -> io::Result<()> {
