@@ -22,7 +22,7 @@ pub enum Request {
     Umount { mountpoint: String },
     /// The daemon's mounts and host numbers (daemon only).
     Stats,
-    /// The data dir's tenants, each with the mountpoints the daemon serves it at (daemon only).
+    /// The tenants this process serves, each with its mountpoints: `[{"name", "mounts"}]`.
     TenantList,
 }
 

@@ -152,23 +152,18 @@ impl Daemon {
         json!({"pid": std::process::id(), "mounts": mounts, "cache": cache})
     }
 
-    /// The data dir's tenants, each with the mountpoints this daemon serves it at.
-    fn tenant_list(&self) -> Result<Value, String> {
-        let list = crate::tenants::list(self.data.root()).map_err(|e| e.to_string())?;
+    /// The tenants this daemon serves, each with its mountpoints (the CLI merges this into
+    /// the data dir's list, so the daemon does not walk the tenant directories again).
+    fn tenant_list(&self) -> Value {
+        let mut served: BTreeMap<&str, Vec<&PathBuf>> = BTreeMap::new();
         let mounts = self.mounts();
-        Ok(list
+        for (path, m) in mounts.iter() {
+            served.entry(m.tenant.as_str()).or_default().push(path);
+        }
+        served
             .into_iter()
-            .map(|t| {
-                let at: Vec<&PathBuf> = mounts
-                    .iter()
-                    .filter(|(_, m)| m.tenant == t.name)
-                    .map(|(p, _)| p)
-                    .collect();
-                let mut v = json!(t);
-                v["mounts"] = json!(at);
-                v
-            })
-            .collect())
+            .map(|(name, at)| json!({"name": name, "mounts": at}))
+            .collect()
     }
 
     /// Everything in the Prometheus text format: per-mount operation series and host numbers.
@@ -238,7 +233,7 @@ impl Daemon {
                 Err(e) => Err(e),
             },
             Request::Stats => Ok(self.stats()),
-            Request::TenantList => self.tenant_list(),
+            Request::TenantList => Ok(self.tenant_list()),
             other => return (self.cache_requests)(other),
         };
         match result {
