@@ -25,7 +25,7 @@
 //! Needs root, fio, taskset, fincore, /dev/fuse and a memory cgroup (v1 or v2).
 
 mod common;
-use common::tenantfs_bin;
+use common::{median, tenantfs_bin};
 
 use std::fs;
 use std::io::Write;
@@ -678,15 +678,6 @@ struct Row {
     ws_end: u64,
     loadgen_iops: f64,
     cache: String,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 fn write_ws(path: &Path, mib: u64) {

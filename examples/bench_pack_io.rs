@@ -12,6 +12,9 @@
 //!     [--import-mib 512] [--misses 4000] [--batches 600]
 //! ```
 
+mod common;
+use common::median;
+
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -168,11 +171,6 @@ fn prefetch_one_read(pack: &Pack, n: usize, seed: u64, slabs: &SlabAllocator) ->
     }
     let blocks = (n as u32 * BATCH) as f64 / total.as_secs_f64();
     (blocks, us(pct(&mut lat, 0.5)))
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 #[derive(Default)]

@@ -124,3 +124,13 @@ pub fn tenantfs_bin() -> PathBuf {
     );
     bin
 }
+
+/// The median of `v` (the mean of the middle two for an even count; NaN when empty).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
