@@ -198,15 +198,14 @@ fn run(cli: Cli) -> Result<()> {
                 mount_foreground(&cli, tenant, mountpoint, &parsed)
             } else if let Some(socket) = live_daemon(&cli) {
                 let mp = std::path::absolute(mountpoint)?;
-                let r = control::request(
+                let r = ask(
                     &socket,
                     &Request::Mount {
                         tenant: tenant.clone(),
                         mountpoint: mp.to_string_lossy().into_owned(),
                         options: options.clone(),
                     },
-                )
-                .map_err(|e| anyhow::anyhow!("{}", daemon_error(e)))?;
+                )?;
                 println!(
                     "mounted tenant {tenant} at {} (served by the daemon, pid {})",
                     mountpoint.display(),
@@ -262,6 +261,26 @@ fn live_daemon(cli: &Cli) -> Option<PathBuf> {
         .map(|_| path)
 }
 
+/// Every process serving mounts of the data dir at `root`: the daemon (if one answers) and
+/// each per-mount serving process. Errors only when there is none.
+fn serving_processes(
+    root: &Path,
+    daemon: Option<&Path>,
+) -> Result<Vec<PathBuf>, control::ControlError> {
+    let mut sockets: Vec<PathBuf> = daemon.map(Path::to_owned).into_iter().collect();
+    match control::serving_sockets(root) {
+        Ok(s) => sockets.extend(s),
+        Err(e) if sockets.is_empty() => return Err(e),
+        Err(_) => {}
+    }
+    Ok(sockets)
+}
+
+/// One request to a serving process; its refusal becomes the error message.
+fn ask(socket: &Path, req: &Request) -> Result<serde_json::Value> {
+    control::request(socket, req).map_err(|e| anyhow::anyhow!("{}", daemon_error(e)))
+}
+
 /// A daemon's refusal is the whole message; other errors keep their context.
 fn daemon_error(e: control::ControlError) -> String {
     match e {
@@ -281,8 +300,7 @@ fn stats(cli: &Cli, json: bool) -> Result<()> {
                 .display()
         );
     };
-    let v = control::request(&socket, &Request::Stats)
-        .map_err(|e| anyhow::anyhow!("{}", daemon_error(e)))?;
+    let v = ask(&socket, &Request::Stats)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(());
@@ -580,15 +598,13 @@ fn tenant_list(cli: &Cli, json: bool) -> Result<()> {
             v
         })
         .collect();
-    let mut servers: Vec<PathBuf> = live_daemon(cli).into_iter().collect();
-    match control::serving_sockets(root) {
-        Ok(s) => servers.extend(s),
-        Err(control::ControlError::NoServer(_)) => {}
+    let servers = match serving_processes(root, live_daemon(cli).as_deref()) {
+        Ok(s) => s,
+        Err(control::ControlError::NoServer(_)) => Vec::new(),
         Err(e) => return Err(e.into()),
-    }
+    };
     for socket in servers {
-        let served = control::request(&socket, &Request::TenantList)
-            .map_err(|e| anyhow::anyhow!("{}", daemon_error(e)))?;
+        let served = ask(&socket, &Request::TenantList)?;
         for s in served.as_array().into_iter().flatten() {
             let mounts = s["mounts"].as_array().cloned().unwrap_or_default();
             if let Some(t) = list.iter_mut().find(|t| t["name"] == s["name"]) {
@@ -782,13 +798,8 @@ const SUMMED: [&str; 10] = [
 
 fn cache_command(root: &Path, daemon: Option<&Path>, cmd: &CacheCommand) -> Result<()> {
     use serde_json::{json, Value};
-    let mut sockets: Vec<PathBuf> = daemon.map(Path::to_owned).into_iter().collect();
-    match control::serving_sockets(root) {
-        Ok(s) => sockets.extend(s),
-        Err(e) if sockets.is_empty() => return Err(e.into()),
-        Err(_) => {}
-    }
-    let ask = |req: &Request| -> Result<Vec<Value>> {
+    let sockets = serving_processes(root, daemon)?;
+    let ask_all = |req: &Request| -> Result<Vec<Value>> {
         sockets
             .iter()
             .map(|s| control::request(s, req).map_err(anyhow::Error::from))
@@ -796,7 +807,7 @@ fn cache_command(root: &Path, daemon: Option<&Path>, cmd: &CacheCommand) -> Resu
     };
     match cmd {
         CacheCommand::Stats { json } => {
-            let each = ask(&Request::CacheStats)?;
+            let each = ask_all(&Request::CacheStats)?;
             let mut total = serde_json::Map::new();
             for key in SUMMED {
                 let sum: u64 = each.iter().filter_map(|v| v[key].as_u64()).sum();
@@ -833,7 +844,7 @@ fn cache_command(root: &Path, daemon: Option<&Path>, cmd: &CacheCommand) -> Resu
         }
         CacheCommand::Release { size } => {
             // Split over the serving processes in proportion to what their caches hold.
-            let each = ask(&Request::CacheStats)?;
+            let each = ask_all(&Request::CacheStats)?;
             let used: Vec<u64> = each
                 .iter()
                 .map(|v| v["used_bytes"].as_u64().unwrap_or(0))
@@ -854,7 +865,7 @@ fn cache_command(root: &Path, daemon: Option<&Path>, cmd: &CacheCommand) -> Resu
         CacheCommand::Budget { size } => {
             // One host budget, shared equally by the serving processes.
             let n = sockets.len() as u64;
-            ask(&Request::CacheBudget { bytes: size.0 / n })?;
+            ask_all(&Request::CacheBudget { bytes: size.0 / n })?;
             if n == 1 {
                 println!("cache budget set to {size}");
             } else {
