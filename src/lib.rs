@@ -14,6 +14,7 @@ pub mod daemon;
 pub mod data_dir;
 mod fs_util;
 pub mod fuse;
+pub mod logging;
 pub mod metrics;
 pub mod pressure;
 pub mod store;

@@ -1,5 +1,6 @@
 //! The `tenantfs` command line: parses arguments, then calls one function per command.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -150,19 +151,13 @@ enum ConfigCommand {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TENANTFS_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    tenantfs::logging::init("warn");
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tenantfs: error: {e:#}");
+            // Not eprintln!: it panics when stderr cannot be written (a full disk).
+            let _ = writeln!(std::io::stderr(), "tenantfs: error: {e:#}");
             ExitCode::FAILURE
         }
     }

@@ -209,3 +209,56 @@ fn unmounting_gives_the_mounts_memory_back() {
          {mounted}, after {after})"
     );
 }
+
+/// A log the daemon cannot write (stderr on a full disk: here /dev/full, which answers every
+/// write with ENOSPC) costs log lines, never the daemon. The damaged tenant's store logs its
+/// warning from inside RocksDB's cipher callback, an `extern "C"` frame where the panic that a
+/// failed log write used to raise aborted the process and every mount with it.
+#[test]
+fn a_log_that_cannot_be_written_is_not_fatal() {
+    let h = Host::new("fulllog");
+    let ma = h.dir("ma");
+    let mb = h.dir("mb");
+    h.create_tenant("a");
+    h.create_tenant("b");
+    // Damage the key header of b's MANIFEST: opening b fails inside the cipher callback.
+    let db = h.data.join("tenants/b/db");
+    let manifest = std::fs::read_dir(&db)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("MANIFEST")
+        })
+        .expect("a MANIFEST");
+    let mut bytes = std::fs::read(&manifest).unwrap();
+    bytes[20] ^= 0xff;
+    std::fs::write(&manifest, &bytes).unwrap();
+
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let (d, _notify) = start_daemon_logging_to(
+        &h,
+        &h.root().join("notify"),
+        &[("TENANTFS_LOG", "debug")],
+        full.into(),
+    );
+    let pid = d.0.id();
+    h.ok(&["mount", "a", ma.to_str().unwrap()]);
+    let _g = h.guard("a", &ma, pid);
+    write_synced(&ma.join("f"), b"still here");
+    let err = h.fails(&["mount", "b", mb.to_str().unwrap()]);
+    assert!(err.contains("header"), "{err}");
+    assert!(
+        alive(pid),
+        "the daemon died on a log line it could not write"
+    );
+    assert_eq!(std::fs::read(ma.join("f")).unwrap(), b"still here");
+    let st: serde_json::Value = serde_json::from_str(&h.ok(&["stats", "--json"])).unwrap();
+    assert!(st["log_lines_dropped"].as_u64().unwrap() > 0, "{st}");
+}

@@ -149,7 +149,12 @@ impl Daemon {
         let cache = (self.cache_requests)(Request::CacheStats)
             .result
             .unwrap_or(Value::Null);
-        json!({"pid": std::process::id(), "mounts": mounts, "cache": cache})
+        json!({
+            "pid": std::process::id(),
+            "mounts": mounts,
+            "cache": cache,
+            "log_lines_dropped": crate::logging::dropped_lines(),
+        })
     }
 
     /// The tenants this daemon serves, each with its mountpoints (the CLI merges this into
@@ -178,7 +183,7 @@ impl Daemon {
         let c = self.cache.stats();
         let g = self.governor.as_ref().map(|g| g.stats());
         let rss = crate::cache::process_rss_bytes().unwrap_or(0);
-        let host: [(&str, &str, u64); 13] = [
+        let host: [(&str, &str, u64); 14] = [
             ("tenantfs_mounts", "gauge", mounts.len() as u64),
             ("tenantfs_cache_budget_bytes", "gauge", c.budget_bytes),
             ("tenantfs_cache_used_bytes", "gauge", c.used_bytes),
@@ -197,6 +202,11 @@ impl Daemon {
                 c.blocks.hits,
             ),
             ("tenantfs_process_rss_bytes", "gauge", rss),
+            (
+                "tenantfs_log_lines_dropped_total",
+                "counter",
+                crate::logging::dropped_lines(),
+            ),
             (
                 "tenantfs_pressure_events_total",
                 "counter",

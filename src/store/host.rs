@@ -163,15 +163,19 @@ impl StoreHost {
         opts.set_max_background_jobs(2);
         opts.set_bytes_per_sync(1 << 20);
         // RocksDB's info LOG is plaintext: never write it to disk, route warnings to tracing.
+        // The callback runs under an `extern "C"` frame, where a panic would abort the whole
+        // process: none may leave it (the log writer itself never fails, see `logging`).
         opts.set_info_logger(rocksdb::InfoLogger::new_callback_logger(
             LogLevel::Warn,
-            |level, msg| match level {
-                LogLevel::Warn => tracing::warn!(target: "rocksdb", "{}", msg.trim_end()),
-                LogLevel::Error | LogLevel::Fatal => {
-                    tracing::error!(target: "rocksdb", "{}", msg.trim_end())
-                }
-                // Header lines (the options dump at open) arrive whatever the level.
-                _ => tracing::trace!(target: "rocksdb", "{}", msg.trim_end()),
+            |level, msg| {
+                let _ = std::panic::catch_unwind(|| match level {
+                    LogLevel::Warn => tracing::warn!(target: "rocksdb", "{}", msg.trim_end()),
+                    LogLevel::Error | LogLevel::Fatal => {
+                        tracing::error!(target: "rocksdb", "{}", msg.trim_end())
+                    }
+                    // Header lines (the options dump at open) arrive whatever the level.
+                    _ => tracing::trace!(target: "rocksdb", "{}", msg.trim_end()),
+                });
             },
         ));
         opts.set_keep_log_file_num(1);

@@ -656,6 +656,17 @@ pub fn start_daemon_env(
     notify: &Path,
     env: &[(&str, &str)],
 ) -> (Daemon, std::os::unix::net::UnixDatagram) {
+    let log = std::fs::File::create(h.root().join("daemon.log")).unwrap();
+    start_daemon_logging_to(h, notify, env, log.into())
+}
+
+/// As `start_daemon_env`, with the daemon's stderr (its log) going to `log`.
+pub fn start_daemon_logging_to(
+    h: &Host,
+    notify: &Path,
+    env: &[(&str, &str)],
+    log: std::process::Stdio,
+) -> (Daemon, std::os::unix::net::UnixDatagram) {
     let _ = std::fs::remove_file(notify);
     let listener = std::os::unix::net::UnixDatagram::bind(notify).unwrap();
     listener
@@ -665,10 +676,10 @@ pub fn start_daemon_env(
         .cmd()
         .arg("daemon")
         .env("NOTIFY_SOCKET", notify)
-        .envs(env.iter().copied())
         .env("TENANTFS_LOG", "tenantfs=info")
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(h.root().join("daemon.log")).unwrap())
+        .stderr(log)
         .spawn()
         .unwrap();
     let d = Daemon(child);
