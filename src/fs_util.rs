@@ -3,6 +3,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -40,7 +41,8 @@ pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
-/// Total size of the regular files under `dir`.
+/// Disk the regular files under `dir` take: allocated blocks, not file sizes (a store's
+/// preallocated WAL is a few KiB long and may hold far more disk).
 pub(crate) fn tree_bytes(dir: &Path) -> u64 {
     let Ok(entries) = fs::read_dir(dir) else {
         return 0;
@@ -49,7 +51,7 @@ pub(crate) fn tree_bytes(dir: &Path) -> u64 {
         .flatten()
         .map(|e| match e.file_type() {
             Ok(t) if t.is_dir() => tree_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map(|m| m.len()).unwrap_or(0),
+            Ok(t) if t.is_file() => e.metadata().map(|m| m.blocks() * 512).unwrap_or(0),
             _ => 0,
         })
         .sum()
@@ -65,6 +67,21 @@ mod tests {
         super::write_atomic(&p, b"two", 0o600).unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
         assert_eq!(std::fs::read_dir(d.path()).unwrap().count(), 1);
-        assert_eq!(super::tree_bytes(d.path()), 3);
+    }
+
+    #[test]
+    fn tree_bytes_counts_allocated_disk() {
+        let d = tempfile::tempdir().unwrap();
+        let sparse = std::fs::File::create(d.path().join("sparse")).unwrap();
+        sparse.set_len(1 << 20).unwrap();
+        assert_eq!(super::tree_bytes(d.path()), 0, "a hole takes no disk");
+        std::fs::create_dir(d.path().join("sub")).unwrap();
+        std::fs::write(d.path().join("sub/data"), vec![1u8; 8192]).unwrap();
+        std::fs::File::open(d.path().join("sub/data"))
+            .unwrap()
+            .sync_all()
+            .unwrap();
+        let n = super::tree_bytes(d.path());
+        assert!((8192..1 << 20).contains(&n), "{n}");
     }
 }

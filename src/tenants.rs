@@ -79,7 +79,8 @@ pub struct TenantInfo {
     pub name: String,
     pub block_size: u32,
     pub created_unix: u64,
-    /// Bytes the tenant's directory takes on disk (store files, encrypted).
+    /// Disk the tenant's directory takes (allocated bytes of its store files, preallocated
+    /// space included).
     pub disk_bytes: u64,
     /// The base image the tenant was created from, if any.
     pub base: Option<String>,
