@@ -157,10 +157,26 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // Not eprintln!: it panics when stderr cannot be written (a full disk).
-            let _ = writeln!(std::io::stderr(), "tenantfs: error: {e:#}");
+            let _ = writeln!(std::io::stderr(), "tenantfs: error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes, each once: most library errors already name their cause in
+/// their own message (so that a control-socket reply is whole), and `{:#}` would repeat it.
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain().map(ToString::to_string) {
+        if out.contains(&cause) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&cause);
+    }
+    out
 }
 
 fn run(cli: Cli) -> Result<()> {

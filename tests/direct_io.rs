@@ -1,7 +1,10 @@
 //! With direct I/O on, reading a tenant's whole data set twice leaves its SST files (almost)
-//! absent from the page cache, as measured by fincore(1) (mincore(2) under the hood).
+//! absent from the page cache, as measured by fincore(1) (mincore(2) under the hood); a full
+//! disk never turns direct I/O off.
 
 mod common;
+#[path = "common/mount.rs"]
+mod mount;
 
 use std::path::Path;
 use std::process::Command;
@@ -84,4 +87,64 @@ fn buffered_io_fills_page_cache() {
         resident * 2 > size,
         "buffered reads left only {resident} of {size} bytes resident"
     );
+}
+
+/// Fills the filesystem holding `dir`: a file of 1 MiB writes, then 4 KiB ones, until ENOSPC.
+fn fill(dir: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(dir.join("filler")).unwrap();
+    for chunk in [1 << 20, 4096] {
+        let buf = vec![0xa5u8; chunk];
+        loop {
+            match f.write_all(&buf).and_then(|()| f.sync_all()) {
+                Ok(()) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling {}: {e}", dir.display()),
+            }
+        }
+    }
+}
+
+/// On a full filesystem the probe still finds O_DIRECT (the write probe has no room; an aligned
+/// read of a store file answers instead), and opening or creating a store (RocksDB writes a new
+/// WAL and MANIFEST at open) fails with a clear "no space" error: a full disk is never a reason
+/// to fall back to buffered I/O.
+#[test]
+fn a_full_disk_keeps_direct_io() {
+    let tmp = tempfile::Builder::new()
+        .prefix("tenantfs-fulldio-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let img = tmp.path().join("fs.img");
+    let fs = tmp.path().join("fs");
+    std::fs::create_dir(&fs).unwrap();
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    mount::check(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+    let _m = mount::FsMount::mount(&["-o", "loop", img.to_str().unwrap()], &fs);
+    let root = fs.join("data");
+    tenantfs::data_dir::DataDir::init(&root, None).unwrap();
+    let data = tenantfs::data_dir::DataDir::open(&root, None).unwrap();
+    let host = || tenantfs::store::StoreHost::builder().build(); // each with no probe memory
+    tenants::create(&data, &host(), "a", None).unwrap();
+    fill(&fs);
+    let db = root.join("tenants/a/db");
+    match tenantfs::store::direct_io::probe(&db).unwrap() {
+        tenantfs::store::direct_io::Support::Supported => {}
+        other => panic!("a full disk made the probe answer {other:?}"),
+    }
+    for err in [
+        tenants::open(&data, &host(), "a")
+            .err()
+            .expect("no room to open"),
+        tenants::create(&data, &host(), "b", None).expect_err("no room to create"),
+    ] {
+        let text = err.to_string();
+        assert!(
+            text.contains("no space left") && text.contains("free space"),
+            "unclear error: {text}"
+        );
+    }
 }

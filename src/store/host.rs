@@ -3,8 +3,11 @@
 //! the host has one memory budget, not one per tenant), and the direct-I/O policy with its
 //! one-time fallback warning.
 
+use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use rocksdb::{DBCompressionType, LogLevel, Options};
 
@@ -83,6 +86,7 @@ impl StoreHostBuilder {
             cache,
             write_buffers,
             direct_io: self.direct_io,
+            direct_io_by_fs: Mutex::default(),
             warned_fallback: AtomicBool::new(false),
         }
     }
@@ -93,6 +97,8 @@ pub struct StoreHost {
     cache: RocksBlockCache,
     write_buffers: CacheChargedWriteBuffers,
     direct_io: DirectIo,
+    /// O_DIRECT support by filesystem (st_dev), as probed.
+    direct_io_by_fs: Mutex<HashMap<u64, bool>>,
     warned_fallback: AtomicBool,
 }
 
@@ -114,14 +120,26 @@ impl StoreHost {
         self.cache.usage()
     }
 
-    /// Decides direct I/O for a store under `dir`: on if configured and the filesystem takes it.
-    pub(crate) fn use_direct_io(&self, dir: &Path) -> bool {
+    /// Decides direct I/O for a store under `dir`: on if configured and the filesystem takes
+    /// it. The answer is remembered per filesystem (one probe, not one per tenant). Only a
+    /// filesystem that refuses O_DIRECT falls back to buffered I/O; a probe that could not run
+    /// (a full disk with nothing to read, an I/O error) is an error, never a fallback.
+    pub(crate) fn use_direct_io(&self, dir: &Path) -> std::io::Result<bool> {
+        use super::direct_io::{probe, Support};
         if self.direct_io == DirectIo::Off {
-            return false;
+            return Ok(false);
         }
-        match super::direct_io::probe(dir) {
-            Ok(()) => true,
-            Err(e) => {
+        let dev = std::fs::metadata(dir)?.dev();
+        let mut known = self
+            .direct_io_by_fs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(&on) = known.get(&dev) {
+            return Ok(on);
+        }
+        let on = match probe(dir)? {
+            Support::Supported => true,
+            Support::Unsupported(e) => {
                 if !self.warned_fallback.swap(true, Ordering::Relaxed) {
                     tracing::warn!(
                         dir = %dir.display(),
@@ -132,7 +150,9 @@ impl StoreHost {
                 }
                 false
             }
-        }
+        };
+        known.insert(dev, on);
+        Ok(on)
     }
 
     /// Options for one tenant store (DB-wide and for each column family).

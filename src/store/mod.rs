@@ -13,7 +13,7 @@ mod file_key;
 mod host;
 mod tenant_db;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use block_cache::{RocksBlockCache, RocksBlockCacheStats};
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
@@ -54,15 +54,37 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "tenant {tenant}: no space left on its filesystem ({detail}); free space there \
+         (delete other tenants or files) and try again"
+    )]
+    NoSpace { tenant: String, detail: String },
     #[error("tenant {tenant}: cannot build the encrypted RocksDB environment")]
     Env { tenant: String },
 }
 
 impl StoreError {
+    /// An I/O error on `path`; a full filesystem gets its own message.
+    pub(crate) fn io(tenant: &str, path: &Path, source: std::io::Error) -> Self {
+        let (tenant, path) = (tenant.to_owned(), path.to_owned());
+        if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+            let detail = format!("{}: {source}", path.display());
+            StoreError::NoSpace { tenant, detail }
+        } else {
+            StoreError::Io {
+                tenant,
+                path,
+                source,
+            }
+        }
+    }
+
     fn from_rocksdb(tenant: &str, op: &'static str, e: rocksdb::Error) -> Self {
         let detail = e.into_string();
         let tenant = tenant.to_owned();
-        if detail.contains("lock") && detail.contains("LOCK") {
+        if detail.contains("No space left on device") {
+            StoreError::NoSpace { tenant, detail }
+        } else if detail.contains("lock") && detail.contains("LOCK") {
             StoreError::InUse { tenant, detail }
         } else if detail.starts_with("Corruption") {
             StoreError::Corrupt { tenant, op, detail }
@@ -74,7 +96,7 @@ impl StoreError {
     /// True when the store's filesystem is full.
     pub fn is_no_space(&self) -> bool {
         match self {
-            StoreError::Rocks { detail, .. } => detail.contains("No space left"),
+            StoreError::NoSpace { .. } => true,
             StoreError::Io { source, .. } => source.raw_os_error() == Some(libc::ENOSPC),
             _ => false,
         }

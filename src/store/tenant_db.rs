@@ -86,13 +86,11 @@ impl TenantDb {
             });
         }
         if mode == OpenMode::Create {
-            std::fs::create_dir_all(path).map_err(|source| StoreError::Io {
-                tenant: tenant.to_owned(),
-                path: path.to_owned(),
-                source,
-            })?;
+            std::fs::create_dir_all(path).map_err(|source| StoreError::io(tenant, path, source))?;
         }
-        let direct_io = host.use_direct_io(path);
+        let direct_io = host
+            .use_direct_io(path)
+            .map_err(|source| StoreError::io(tenant, path, source))?;
         let mut opts = host.options(direct_io);
         if let Encryption::Tenant(key) = encryption {
             let env = super::ffi::encrypted_env(key).ok_or_else(|| StoreError::Env {
