@@ -17,6 +17,7 @@ pub mod fuse;
 pub mod logging;
 pub mod metrics;
 pub mod pressure;
+pub mod process;
 pub mod store;
 pub mod tenants;
 pub mod volume;

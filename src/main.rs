@@ -330,7 +330,7 @@ fn stats(cli: &Cli, json: bool) -> Result<()> {
         c["misses"]
     );
     println!(
-        "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14}",
+        "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>6}",
         "TENANT",
         "MOUNTPOINT",
         "READS",
@@ -338,7 +338,8 @@ fn stats(cli: &Cli, json: bool) -> Result<()> {
         "WRITES",
         "WRIT MiB",
         "READ p50/p99",
-        "WRITE p50/p99"
+        "WRITE p50/p99",
+        "STATE"
     );
     for m in v["mounts"].as_array().into_iter().flatten() {
         let op = |o: &str, k: &str| m["ops"][o][k].as_u64().unwrap_or(0);
@@ -349,8 +350,10 @@ fn stats(cli: &Cli, json: bool) -> Result<()> {
                 format!("<{}/<{} us", op(o, "p50_us_le"), op(o, "p99_us_le"))
             }
         };
+        let state: Option<tenantfs::store::StoreState> =
+            serde_json::from_value(m["store"].clone()).ok();
         println!(
-            "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14}",
+            "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>6}",
             m["tenant"].as_str().unwrap_or("?"),
             m["mountpoint"].as_str().unwrap_or("?"),
             op("read", "calls"),
@@ -358,8 +361,47 @@ fn stats(cli: &Cli, json: bool) -> Result<()> {
             op("write", "calls"),
             mib(&m["written_bytes"]),
             lat("read"),
-            lat("write")
+            lat("write"),
+            state.as_ref().map_or("-", |s| s.label())
         );
+    }
+    for w in v["waiting_mounts"].as_array().into_iter().flatten() {
+        println!(
+            "configured mount {} at {} is not mounted yet (attempt {}, next in {} s): {}",
+            w["tenant"].as_str().unwrap_or("?"),
+            w["mountpoint"].as_str().unwrap_or("?"),
+            w["attempts"],
+            w["next_attempt_in_ms"].as_u64().unwrap_or(0).div_ceil(1000),
+            w["error"].as_str().unwrap_or("?")
+        );
+    }
+    // Why a tenant does not take writes, and when it will again.
+    for m in v["mounts"].as_array().into_iter().flatten() {
+        let tenant = m["tenant"].as_str().unwrap_or("?");
+        let ago = |since: u64| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs().saturating_sub(since))
+        };
+        match serde_json::from_value(m["store"].clone()) {
+            Ok(tenantfs::store::StoreState::NoSpace {
+                since_unix,
+                free_bytes,
+                needs_free_bytes,
+                ..
+            }) => println!(
+                "tenant {tenant} is read-only for {} s: its filesystem is full; it takes writes \
+                 again by itself once {} MiB are free there ({} MiB free when last checked)",
+                ago(since_unix),
+                needs_free_bytes.div_ceil(1 << 20),
+                free_bytes >> 20
+            ),
+            Ok(tenantfs::store::StoreState::Failed { since_unix, detail }) => println!(
+                "tenant {tenant} stopped taking writes {} s ago ({detail}); remount it",
+                ago(since_unix)
+            ),
+            _ => {}
+        }
     }
     Ok(())
 }
@@ -399,7 +441,7 @@ fn mount_foreground(
     let data = DataDir::open(&cli.data_dir, cli.master_key.as_deref())?;
     let cache = Arc::new(config.host_cache());
     let host = config.store_host(Some(&cache));
-    let opened = tenants::open(&data, &host, tenant)?;
+    let opened = tenants::open_when_free(&data, &host, tenant)?;
     let from_base = opened.info().base.is_some();
     let mut volume =
         Volume::open(opened).with_context(|| format!("cannot open tenant {tenant}"))?;

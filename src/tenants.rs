@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::crypto::{KeyError, TenantKey};
 use crate::data_dir::{tenants_dir, DataDir};
 use crate::fs_util::{sync_dir, tree_bytes, write_atomic};
+use crate::process;
 use crate::store::{Encryption, OpenMode, StoreError, StoreHost, TenantDb};
 
 const RECORD: &str = "tenant.json";
@@ -42,6 +43,20 @@ pub enum TenantError {
     Unknown { name: String, root: PathBuf },
     #[error("tenant {0} is in use (mounted or open in another process); unmount it first")]
     InUse(String),
+    #[error(
+        "tenant {name} is in use by process {pid} ({command}): it has it mounted or open; \
+         unmount it there first"
+    )]
+    InUseBy {
+        name: String,
+        pid: u32,
+        command: String,
+    },
+    #[error(
+        "tenant {name} is still held by process {pid}, which is exiting, after waiting {secs} \
+         s; try again once it is gone"
+    )]
+    StillExiting { name: String, pid: u32, secs: u64 },
     #[error("invalid block size {0}: it must be a power of two from 4096 to 1048576 bytes")]
     BadBlockSize(u64),
     #[error(
@@ -328,6 +343,69 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, Tena
         db,
         _lock: lock,
     })
+}
+
+/// How long [`open_when_free`] waits for an exiting process to release a tenant (a server
+/// killed a moment ago releases its files as its threads finish).
+pub const EXITING_HOLDER_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Opens a tenant as [`open`] does; while its lock is held only by processes that are going
+/// away (exited, or killed and still releasing their files), waits up to
+/// [`EXITING_HOLDER_PATIENCE`] for them, with one log line. A live holder is refused at once,
+/// by pid and command.
+pub fn open_when_free(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, TenantError> {
+    let patience = EXITING_HOLDER_PATIENCE;
+    let start = std::time::Instant::now();
+    let mut said = false;
+    loop {
+        let err = match open(data, host, name) {
+            Ok(t) => return Ok(t),
+            Err(TenantError::InUse(_)) => {
+                let path = tenant_dir(data.root(), name)?.join(LOCK);
+                match lock_holders(&path).first() {
+                    // Released in between: try again at once.
+                    None => continue,
+                    Some(&pid) if !process::going_away(pid) => {
+                        return Err(TenantError::InUseBy {
+                            name: name.to_owned(),
+                            pid,
+                            command: process::command(pid),
+                        })
+                    }
+                    Some(&pid) => TenantError::StillExiting {
+                        name: name.to_owned(),
+                        pid,
+                        secs: patience.as_secs(),
+                    },
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        if start.elapsed() >= patience {
+            return Err(err);
+        }
+        if !said {
+            if let TenantError::StillExiting { pid, .. } = &err {
+                tracing::info!(
+                    tenant = name,
+                    pid,
+                    "waiting for an exiting process to release the tenant's lock"
+                );
+            }
+            said = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// The processes that hold a flock on `path`, from /proc/locks (empty if it cannot be read).
+fn lock_holders(path: &Path) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(meta), Ok(text)) = (fs::metadata(path), fs::read_to_string("/proc/locks")) else {
+        return Vec::new();
+    };
+    let dev = meta.dev();
+    process::flock_holders(&text, libc::major(dev), libc::minor(dev), meta.ino())
 }
 
 /// Waits until no process holds the tenant open; `Ok(false)` if `timeout` passed first.

@@ -7,10 +7,12 @@
 //! one request fails that request only (see `control::server`).
 
 mod notify;
+mod waiting;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -25,6 +27,11 @@ use crate::store::StoreHost;
 use crate::volume::Volume;
 
 pub use notify::notify_systemd;
+use waiting::WaitingMount;
+
+/// How often the daemon looks after its mounts: configured mounts still waiting, stores that
+/// stopped for lack of space.
+const SUPERVISE_EVERY: Duration = Duration::from_secs(1);
 
 /// Where the daemon listens when `--socket` and `TENANTFS_SOCKET` are not given.
 pub fn default_socket(data_root: &Path) -> PathBuf {
@@ -38,7 +45,17 @@ pub struct Daemon {
     governor: Option<Arc<Governor>>,
     host: StoreHost,
     mounts: Mutex<BTreeMap<PathBuf, MountedTenant>>,
+    /// Mountpoints with a mount in progress (the tenant being opened, outside `mounts`' lock).
+    mounting: Mutex<BTreeSet<PathBuf>>,
+    /// Configured mounts that failed and are retried, by mountpoint.
+    waiting: Mutex<BTreeMap<PathBuf, WaitingMount>>,
+    /// The last STATUS= line sent to systemd.
+    status: Mutex<String>,
     cache_requests: control::Handler,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 fn absolute(p: &Path) -> PathBuf {
@@ -61,12 +78,15 @@ impl Daemon {
             governor,
             host,
             mounts: Mutex::default(),
+            mounting: Mutex::default(),
+            waiting: Mutex::default(),
+            status: Mutex::default(),
             cache_requests,
         }))
     }
 
-    fn mounts(&self) -> std::sync::MutexGuard<'_, BTreeMap<PathBuf, MountedTenant>> {
-        let mut m = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+    fn mounts(&self) -> MutexGuard<'_, BTreeMap<PathBuf, MountedTenant>> {
+        let mut m = lock(&self.mounts);
         // Sessions unmounted from outside (umount(8)) have ended: forget them.
         let before = m.len();
         m.retain(|_, t| !t.is_finished());
@@ -76,21 +96,45 @@ impl Daemon {
         m
     }
 
-    /// Mounts `tenant` at `mountpoint`, served by this process.
+    /// Mounts `tenant` at `mountpoint`, served by this process. While the tenant's lock is
+    /// held by a process that is exiting, waits for it (`tenants::open_when_free`).
     pub fn mount(&self, tenant: &str, mountpoint: &Path, options: &str) -> Result<Value, String> {
         let options = MountOptions::parse(options).map_err(|e| e.to_string())?;
         let path = absolute(mountpoint);
-        let mut mounts = self.mounts();
-        if let Some(m) = mounts.get(&path) {
-            return Err(format!(
-                "{} is already mounted (tenant {}); unmount it first with `tenantfs umount {}`",
-                path.display(),
-                m.tenant,
-                path.display()
-            ));
+        {
+            let mounts = self.mounts();
+            if let Some(m) = mounts.get(&path) {
+                return Err(format!(
+                    "{} is already mounted (tenant {}); unmount it first with `tenantfs umount {}`",
+                    path.display(),
+                    m.tenant,
+                    path.display()
+                ));
+            }
+            if !lock(&self.mounting).insert(path.clone()) {
+                return Err(format!(
+                    "{} is being mounted right now; wait for that to finish",
+                    path.display()
+                ));
+            }
         }
-        let opened =
-            crate::tenants::open(&self.data, &self.host, tenant).map_err(|e| e.to_string())?;
+        let mounted = self.open_and_serve(tenant, &path, &options);
+        lock(&self.mounting).remove(&path);
+        let mounted = mounted?;
+        self.mounts().insert(path.clone(), mounted);
+        // Mounted by hand while its configured entry waited: nothing left to retry.
+        lock(&self.waiting).remove(&path);
+        Ok(json!({"tenant": tenant, "mountpoint": path, "pid": std::process::id()}))
+    }
+
+    fn open_and_serve(
+        &self,
+        tenant: &str,
+        path: &Path,
+        options: &MountOptions,
+    ) -> Result<MountedTenant, String> {
+        let opened = crate::tenants::open_when_free(&self.data, &self.host, tenant)
+            .map_err(|e| e.to_string())?;
         let from_base = opened.info().base.is_some();
         let mut volume =
             Volume::open(opened).map_err(|e| format!("cannot open tenant {tenant}: {e}"))?;
@@ -100,9 +144,92 @@ impl Daemon {
                 Some(self.cache.clone()),
             )));
         }
-        let mounted = spawn_mount(volume, &path, &options).map_err(|e| e.to_string())?;
-        mounts.insert(path.clone(), mounted);
-        Ok(json!({"tenant": tenant, "mountpoint": path, "pid": std::process::id()}))
+        spawn_mount(volume, path, options).map_err(|e| e.to_string())
+    }
+
+    /// Mounts the config's `[[mount]]` entries; those that fail wait and are retried by
+    /// [`Self::supervise`].
+    fn mount_configured(&self, entries: &[crate::config::MountConfig]) {
+        for m in entries {
+            if let Err(error) = self.mount(&m.tenant, &m.mountpoint, &m.options) {
+                tracing::error!(
+                    tenant = %m.tenant,
+                    mountpoint = %m.mountpoint.display(),
+                    %error,
+                    "cannot mount a configured tenant; retrying until it mounts"
+                );
+                lock(&self.waiting).insert(
+                    absolute(&m.mountpoint),
+                    WaitingMount::new(&m.tenant, &m.options, error),
+                );
+            }
+        }
+    }
+
+    /// One round of looking after the mounts: retries waiting configured mounts that are due,
+    /// resumes stores that stopped for lack of space once there is room, and tells systemd.
+    fn supervise(&self) {
+        let now = Instant::now();
+        let due: Vec<(PathBuf, WaitingMount)> = lock(&self.waiting)
+            .iter()
+            .filter(|(_, w)| w.due(now))
+            .map(|(p, w)| (p.clone(), w.clone()))
+            .collect();
+        for (path, w) in due {
+            match self.mount(&w.tenant, &path, &w.options) {
+                Ok(_) => tracing::info!(
+                    tenant = %w.tenant,
+                    mountpoint = %path.display(),
+                    attempts = w.attempts + 1,
+                    "mounted a configured tenant"
+                ),
+                Err(error) => {
+                    if let Some(entry) = lock(&self.waiting).get_mut(&path) {
+                        if entry.failed_again(error.clone()) {
+                            tracing::error!(
+                                tenant = %w.tenant,
+                                mountpoint = %path.display(),
+                                %error,
+                                attempts = entry.attempts,
+                                "cannot mount a configured tenant; retrying until it mounts"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        for m in self.mounts().values() {
+            m.try_resume();
+        }
+        self.tell_systemd();
+    }
+
+    /// STATUS= for `systemctl status`: the mounts, and what is not mounted or not writable.
+    fn tell_systemd(&self) {
+        let mut status = format!("serving {} mounts", self.mounts().len());
+        let waiting = lock(&self.waiting);
+        if !waiting.is_empty() {
+            let list: Vec<String> = waiting
+                .iter()
+                .map(|(p, w)| format!("{} at {} ({})", w.tenant, p.display(), w.error))
+                .collect();
+            status += &format!("; not mounted yet: {}", list.join(", "));
+        }
+        drop(waiting);
+        let full: Vec<String> = self
+            .mounts()
+            .values()
+            .filter(|m| m.store().is_some_and(|(s, _)| s.label() != "rw"))
+            .map(|m| m.tenant.clone())
+            .collect();
+        if !full.is_empty() {
+            status += &format!("; not taking writes: {}", full.join(", "));
+        }
+        let mut last = lock(&self.status);
+        if *last != status {
+            notify_systemd(&format!("STATUS={status}"));
+            *last = status;
+        }
     }
 
     /// Unmounts what this daemon serves at `mountpoint`; `Ok(None)` if it serves nothing there.
@@ -124,7 +251,7 @@ impl Daemon {
 
     /// Unmounts everything (busy mounts are detached), waiting for every store to close.
     pub fn shutdown(&self) {
-        let mut mounts = self.mounts.lock().unwrap_or_else(|p| p.into_inner());
+        let mut mounts = lock(&self.mounts);
         for (path, m) in mounts.iter_mut() {
             if let Err(e) = m.unmount() {
                 tracing::warn!(path = %path.display(), error = %e, "busy at shutdown: detaching");
@@ -143,15 +270,24 @@ impl Daemon {
                 let mut v = m.metrics.summary();
                 v["tenant"] = json!(m.tenant);
                 v["mountpoint"] = json!(m.path);
+                if let Some((state, direct_io)) = m.store() {
+                    v["store"] = json!(state);
+                    v["direct_io"] = json!(direct_io);
+                }
                 v
             })
             .collect();
         let cache = (self.cache_requests)(Request::CacheStats)
             .result
             .unwrap_or(Value::Null);
+        let waiting: Vec<Value> = lock(&self.waiting)
+            .iter()
+            .map(|(p, w)| json!(w.report(p)))
+            .collect();
         json!({
             "pid": std::process::id(),
             "mounts": mounts,
+            "waiting_mounts": waiting,
             "cache": cache,
             "log_lines_dropped": crate::logging::dropped_lines(),
         })
@@ -272,20 +408,29 @@ pub fn run(data: DataDir, config: &Config, socket: &Path) -> std::io::Result<()>
         tracing::info!(%addr, "metrics served");
     }
     // The tenants the config lists (after a crash, their dead mounts are detached first).
-    for m in &config.mounts {
-        match daemon.mount(&m.tenant, &m.mountpoint, &m.options) {
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(tenant = %m.tenant, mountpoint = %m.mountpoint.display(), error = %e, "cannot mount a configured tenant")
-            }
-        }
-    }
+    daemon.mount_configured(&config.mounts);
     tracing::info!(socket = %socket.display(), "tenantfs daemon ready");
     notify_systemd("READY=1");
+    daemon.tell_systemd();
     notify::start_watchdog(socket.to_owned());
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    let supervisor = {
+        let d = daemon.clone();
+        std::thread::Builder::new()
+            .name("tenantfs-supervise".into())
+            .spawn(move || {
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    stopped.recv_timeout(SUPERVISE_EVERY)
+                {
+                    d.supervise();
+                }
+            })?
+    };
     let sig = crate::fuse::wait_for_shutdown_signal();
     tracing::info!(?sig, "shutting down: unmounting every tenant");
     notify_systemd("STOPPING=1");
+    drop(stop);
+    let _ = supervisor.join();
     drop(server);
     daemon.shutdown();
     Ok(())

@@ -40,7 +40,7 @@ pub enum CacheMode {
 
 /// The FUSE filesystem of one tenant.
 pub struct TenantFs {
-    volume: Volume,
+    volume: Arc<Volume>,
     cache: CacheMode,
     /// Kernel references per inode (lookups minus forgets): a removed file is freed at zero.
     lookups: Mutex<HashMap<u64, u64>>,
@@ -52,7 +52,12 @@ pub struct TenantFs {
 
 fn errno(e: VolumeError) -> Errno {
     if let VolumeError::Store(ref err) = e {
-        tracing::error!(error = %err, "store error");
+        if err.is_no_space() {
+            // Expected while the disk is full: the store's state change was logged once.
+            tracing::debug!(error = %err, "store error");
+        } else {
+            tracing::error!(error = %err, "store error");
+        }
     }
     Errno::from_i32(e.errno())
 }
@@ -97,9 +102,9 @@ fn time(t: TimeOrNow) -> SystemTime {
 }
 
 impl TenantFs {
-    pub fn new(volume: Volume, cache: CacheMode) -> Self {
+    pub fn new(volume: impl Into<Arc<Volume>>, cache: CacheMode) -> Self {
         Self {
-            volume,
+            volume: volume.into(),
             cache,
             lookups: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),

@@ -156,9 +156,15 @@ fn absolute(path: &Path) -> PathBuf {
     out
 }
 
-/// Whether a mountpoint answers (a killed FUSE server leaves ENOTCONN behind).
+/// Whether a mountpoint answers (a killed FUSE server leaves ENOTCONN behind). statfs always
+/// asks the server: stat(2) would be answered from the root's cached attributes for up to
+/// their TTL after the server died, and a restarted daemon would take the dead mount for a
+/// live one ("already mounted") until they expired.
 fn is_dead(path: &Path) -> bool {
-    matches!(std::fs::metadata(path), Err(e) if e.raw_os_error() == Some(libc::ENOTCONN))
+    matches!(
+        nix::sys::statfs::statfs(path),
+        Err(nix::errno::Errno::ENOTCONN)
+    )
 }
 
 /// Checks that `path` can take a new mount, detaching a dead tenantfs mount left there.
@@ -251,6 +257,9 @@ pub struct MountedTenant {
     pub options: MountOptions,
     /// The mount's operation counters.
     pub metrics: std::sync::Arc<crate::metrics::MountMetrics>,
+    /// The served volume while the session runs (the session owns it: the store closes as
+    /// soon as the session ends).
+    volume: std::sync::Weak<Volume>,
     unmounter: fuser::SessionUnmounter,
     thread: Option<std::thread::JoinHandle<io::Result<()>>>,
 }
@@ -264,6 +273,8 @@ pub fn spawn_mount(
     prepare_mountpoint(mountpoint)?;
     let tenant = volume.tenant().info().name.clone();
     let metrics = crate::metrics::MountMetrics::new();
+    let volume = std::sync::Arc::new(volume);
+    let served = std::sync::Arc::downgrade(&volume);
     let fs = TenantFs::new(volume, options.cache).with_metrics(metrics.clone());
     let mount_err = |source| MountError::Mount {
         path: mountpoint.to_owned(),
@@ -288,12 +299,28 @@ pub fn spawn_mount(
         path: mountpoint.to_owned(),
         options: options.clone(),
         metrics,
+        volume: served,
         unmounter,
         thread: Some(thread),
     })
 }
 
 impl MountedTenant {
+    /// The served tenant's store: whether it takes writes, and whether it uses O_DIRECT. None
+    /// once the session has ended.
+    pub fn store(&self) -> Option<(crate::store::StoreState, bool)> {
+        let v = self.volume.upgrade()?;
+        let db = v.tenant().db();
+        Some((db.state(), db.direct_io()))
+    }
+
+    /// Resumes the store if it stopped for lack of space and there is room again.
+    pub fn try_resume(&self) {
+        if let Some(v) = self.volume.upgrade() {
+            v.tenant().db().try_resume();
+        }
+    }
+
     /// Whether the session has ended (unmounted from outside, e.g. by umount(8)).
     pub fn is_finished(&self) -> bool {
         self.thread.as_ref().is_none_or(|t| t.is_finished())

@@ -7,6 +7,10 @@
 //! Nothing here panics across the boundary: errors become non-zero return codes that the shim
 //! turns into RocksDB `Status` values.
 //!
+//! It reports each store's health: a listener the shim puts on the store's options holds one
+//! `Arc<StoreHealth>` count and calls back when the store stops taking writes or takes them
+//! again; [`resume`] is RocksDB's `DB::Resume`.
+//!
 //! It also owns the block cache's raw handles: an LRU cache built by the shim whose
 //! `MemoryAllocator` calls back into [`AddressedSlabs`] (one `Arc` count held by the shim's
 //! allocator), the WriteBufferManager charged to it, and the table options that attach both to
@@ -24,6 +28,7 @@ use crate::cache::slab::{usable_size, AddressedSlabs};
 use crate::crypto::{FileCipher, TenantKey};
 
 use super::file_key::{self, PREFIX_LEN};
+use super::health::StoreHealth;
 
 extern "C" {
     fn tenantfs_encrypted_env_new(key: *mut c_void) -> *mut librocksdb_sys::rocksdb_env_t;
@@ -53,6 +58,11 @@ extern "C" {
     fn tenantfs_cache_raw_release(cache: *const sys::rocksdb_cache_t, handle: *mut c_void);
     #[cfg(test)]
     fn tenantfs_cache_uses_slabs(cache: *const sys::rocksdb_cache_t) -> i32;
+    fn tenantfs_options_add_health_listener(
+        opts: *mut sys::rocksdb_options_t,
+        health: *const c_void,
+    );
+    fn tenantfs_db_resume(db: *mut sys::rocksdb_t) -> *mut c_char;
 }
 
 /// A RocksDB LRU cache whose blocks live in slab memory (see `shim.cc`).
@@ -302,6 +312,82 @@ extern "C" fn tenantfs_slabs_release(slabs: *const c_void) {
     // SAFETY: the count handed over by `Arc::into_raw` in `SlabLruCache::new`, released once
     // when RocksDB destroys the allocator.
     drop(unsafe { Arc::from_raw(slabs.cast::<AddressedSlabs>()) });
+}
+
+/// Puts a listener on `opts` that reports the store's stops and resumes to `health`.
+pub(crate) fn add_health_listener(opts: &mut rocksdb::Options, health: Arc<StoreHealth>) {
+    let health = Arc::into_raw(health).cast::<c_void>();
+    // SAFETY: `opts` is alive and exclusively borrowed; the shim's listener takes the count
+    // `Arc::into_raw` handed over and gives it back once, through `tenantfs_health_release`,
+    // when RocksDB drops the listener (with the last copy of these options or the store).
+    unsafe { tenantfs_options_add_health_listener(opts.as_raw_ptr(), health) }
+}
+
+/// `DB::Resume`: Ok when the store takes writes (at once if it never stopped).
+pub(crate) fn resume(db: &rocksdb::DB) -> Result<(), String> {
+    // SAFETY: `db` is open for the call; Resume is thread-safe in RocksDB.
+    let err = unsafe { tenantfs_db_resume(db.as_raw_ptr()) };
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a NUL-terminated string the shim allocated with strdup; freed once, here.
+    unsafe {
+        let message = std::ffi::CStr::from_ptr(err).to_string_lossy().into_owned();
+        libc::free(err.cast());
+        Err(message)
+    }
+}
+
+/// The `StoreHealth` behind a listener's pointer (a count held by the listener).
+///
+/// # Safety
+/// `health` must be a pointer `add_health_listener` handed over and not yet released.
+unsafe fn health_of<'a>(health: *const c_void) -> &'a StoreHealth {
+    // SAFETY: the caller's contract: the listener holds the count, so the value is alive.
+    unsafe { &*health.cast::<StoreHealth>() }
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_store_stopped(
+    health: *const c_void,
+    no_space: i32,
+    detail: *const c_char,
+    len: usize,
+) {
+    if health.is_null() || detail.is_null() {
+        return;
+    }
+    // SAFETY: the shim's listener passes its own count and a buffer of `len` bytes that stays
+    // alive for the call.
+    let (health, detail) = unsafe {
+        (
+            health_of(health),
+            std::slice::from_raw_parts(detail.cast::<u8>(), len),
+        )
+    };
+    // No panic may leave an extern "C" function: it would abort the process.
+    let _ = std::panic::catch_unwind(|| {
+        health.stopped(no_space != 0, &String::from_utf8_lossy(detail));
+    });
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_store_resumed(health: *const c_void) {
+    if health.is_null() {
+        return;
+    }
+    // SAFETY: the shim's listener passes its own count.
+    let health = unsafe { health_of(health) };
+    let _ = std::panic::catch_unwind(|| health.resumed());
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_health_release(health: *const c_void) {
+    if !health.is_null() {
+        // SAFETY: the count `Arc::into_raw` handed over in `add_health_listener`, released
+        // once, by the listener's destructor.
+        drop(unsafe { Arc::from_raw(health.cast::<StoreHealth>()) });
+    }
 }
 
 /// Builds a RocksDB Env whose files are all encrypted under `key` (see `file_key`).

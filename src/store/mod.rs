@@ -10,12 +10,14 @@ mod block_cache;
 pub mod direct_io;
 mod ffi;
 mod file_key;
+mod health;
 mod host;
 mod tenant_db;
 
 use std::path::{Path, PathBuf};
 
 pub use block_cache::{RocksBlockCache, RocksBlockCacheStats};
+pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
 pub use tenant_db::{Batch, Encryption, Entry, Family, OpenMode, TenantDb};
 

@@ -7,6 +7,8 @@
 // - rocksdb::MemoryAllocator over the Rust slab allocator, installed on an LRU cache (wrapped to
 //   count hits, misses and evictions) returned as the C API's `rocksdb_cache_t`, so the block
 //   cache's memory goes back to the kernel when blocks are evicted.
+// - rocksdb::EventListener that tells Rust when a store stops taking writes and when it takes
+//   them again (src/store/health.rs), and DB::Resume, which the C API lacks.
 
 #include <atomic>
 #include <cstdint>
@@ -17,17 +19,25 @@
 
 #include "rocksdb/advanced_cache.h"
 #include "rocksdb/cache.h"
+#include "rocksdb/db.h"
 #include "rocksdb/env.h"
 #include "rocksdb/env_encryption.h"
+#include "rocksdb/listener.h"
 #include "rocksdb/memory_allocator.h"
+#include "rocksdb/options.h"
 #include "rocksdb/status.h"
 
+using ROCKSDB_NAMESPACE::BackgroundErrorReason;
+using ROCKSDB_NAMESPACE::BackgroundErrorRecoveryInfo;
 using ROCKSDB_NAMESPACE::BlockAccessCipherStream;
 using ROCKSDB_NAMESPACE::Cache;
 using ROCKSDB_NAMESPACE::CacheWrapper;
 using ROCKSDB_NAMESPACE::EncryptionProvider;
+using ROCKSDB_NAMESPACE::DB;
 using ROCKSDB_NAMESPACE::Env;
 using ROCKSDB_NAMESPACE::EnvOptions;
+using ROCKSDB_NAMESPACE::EventListener;
+using ROCKSDB_NAMESPACE::Options;
 using ROCKSDB_NAMESPACE::LRUCacheOptions;
 using ROCKSDB_NAMESPACE::MemoryAllocator;
 using ROCKSDB_NAMESPACE::Slice;
@@ -47,6 +57,11 @@ void* tenantfs_slab_allocate(const void* slabs, size_t size);
 int tenantfs_slab_deallocate(const void* slabs, void* p);  // 1 if it was a slab allocation
 size_t tenantfs_slab_usable_size(size_t size);
 void tenantfs_slabs_release(const void* slabs);
+// A store's health (an Arc<StoreHealth> the listener below holds one count of).
+void tenantfs_store_stopped(const void* health, int no_space, const char* detail,
+                            size_t len);
+void tenantfs_store_resumed(const void* health);
+void tenantfs_health_release(const void* health);
 }
 
 namespace {
@@ -214,7 +229,57 @@ void DeleteRawEntry(Cache::ObjectPtr obj, MemoryAllocator* allocator) {
 const Cache::CacheItemHelper kRawEntryHelper{
     ROCKSDB_NAMESPACE::CacheEntryRole::kMisc, &DeleteRawEntry};
 
+// Reports a store that stopped taking writes (a background error of hard severity or worse)
+// and one that takes them again. For a full disk it also turns RocksDB's own recovery off:
+// that one waits until the disk has the whole memtable budget free (64 MiB per store) before
+// it retries; tenantfs resumes the store itself once there is room (TenantDb::try_resume).
+class HealthListener final : public EventListener {
+ public:
+  explicit HealthListener(const void* health) : health_(health) {}
+  ~HealthListener() override { tenantfs_health_release(health_); }
+  HealthListener(const HealthListener&) = delete;
+  HealthListener& operator=(const HealthListener&) = delete;
+
+  const char* Name() const override { return "TenantfsHealthListener"; }
+
+  void OnBackgroundError(BackgroundErrorReason, Status* error) override {
+    if (error->severity() >= Status::Severity::kHardError) {
+      std::string detail = error->ToString();
+      tenantfs_store_stopped(health_, error->IsNoSpace() ? 1 : 0, detail.data(),
+                             detail.size());
+    }
+  }
+
+  void OnErrorRecoveryBegin(BackgroundErrorReason, Status error,
+                            bool* auto_recovery) override {
+    if (error.IsNoSpace() &&
+        error.severity() >= Status::Severity::kHardError) {
+      *auto_recovery = false;
+    }
+    error.PermitUncheckedError();
+  }
+
+  void OnErrorRecoveryEnd(const BackgroundErrorRecoveryInfo& info) override {
+    if (info.new_bg_error.ok()) {
+      tenantfs_store_resumed(health_);
+    }
+  }
+
+ private:
+  const void* health_;
+};
+
 }  // namespace
+
+// Same layout as in RocksDB's db/c.cc: a store handle and an options handle. Guarded by
+// tests/store_ffi.rs (a listener added through the options reports a real full disk; Resume on
+// an open store answers OK).
+struct rocksdb_t {
+  DB* rep;
+};
+struct rocksdb_options_t {
+  Options rep;
+};
 
 // Same layout as in RocksDB's db/c.cc (guarded by tests through the C API's getters).
 struct rocksdb_cache_t {
@@ -308,6 +373,18 @@ void* tenantfs_cache_raw_lookup(const rocksdb_cache_t* cache, const char* key,
 
 void tenantfs_cache_raw_release(const rocksdb_cache_t* cache, void* handle) {
   cache->rep->Release(static_cast<Cache::Handle*>(handle));
+}
+
+// Adds a health listener to `opts`; takes one count of `health`, released with the listener.
+void tenantfs_options_add_health_listener(rocksdb_options_t* opts,
+                                          const void* health) {
+  opts->rep.listeners.push_back(std::make_shared<HealthListener>(health));
+}
+
+// DB::Resume: NULL when the store takes writes, else the error (free it with free()).
+char* tenantfs_db_resume(rocksdb_t* db) {
+  Status s = db->rep->Resume();
+  return s.ok() ? nullptr : strdup(s.ToString().c_str());
 }
 
 // Used by the layout test: whether the cache's blocks are allocated by the slab allocator.

@@ -5,9 +5,11 @@
 //! families for the filesystem model built on top of it; every error names the tenant.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 
+use super::health::{StoreHealth, StoreState};
 use super::host::StoreHost;
 use super::StoreError;
 use crate::crypto::TenantKey;
@@ -61,12 +63,18 @@ pub enum OpenMode {
     Existing,
 }
 
+/// A stopped store is resumed only when its filesystem has room for its unflushed writes (the
+/// recovery flush writes them out) plus this margin (a new WAL, the MANIFEST). An attempt with
+/// less would fail again, and each failed one leaves another memtable behind.
+const RESUME_MARGIN: u64 = 2 << 20;
+
 /// An open tenant store.
 pub struct TenantDb {
     db: DB,
     tenant: String,
     path: PathBuf,
     direct_io: bool,
+    health: Arc<StoreHealth>,
 }
 
 impl TenantDb {
@@ -98,6 +106,8 @@ impl TenantDb {
             })?;
             opts.set_env(&env);
         }
+        let health = Arc::new(StoreHealth::new(tenant));
+        super::ffi::add_health_listener(&mut opts, health.clone());
         opts.create_if_missing(mode == OpenMode::Create);
         opts.create_missing_column_families(mode == OpenMode::Create);
         let families = Family::ALL
@@ -110,6 +120,7 @@ impl TenantDb {
             tenant: tenant.to_owned(),
             path: path.to_owned(),
             direct_io,
+            health,
         })
     }
 
@@ -243,6 +254,19 @@ impl TenantDb {
             .map_err(|e| StoreError::from_rocksdb(&self.tenant, "read", e))
     }
 
+    /// Bytes in memtables (active and immutable) that no SST holds yet.
+    pub fn unflushed_bytes(&self) -> u64 {
+        Family::ALL
+            .iter()
+            .filter_map(|f| {
+                self.db
+                    .property_int_value_cf(self.cf(*f), "rocksdb.cur-size-all-mem-tables")
+                    .ok()
+                    .flatten()
+            })
+            .sum()
+    }
+
     /// Bytes of free space on the filesystem holding the store, and its total size.
     pub fn disk_space(&self) -> Result<(u64, u64), StoreError> {
         let st = nix::sys::statvfs::statvfs(&self.path).map_err(|e| StoreError::Io {
@@ -266,16 +290,69 @@ impl TenantDb {
     }
 
     pub fn write(&self, batch: Batch<'_>) -> Result<(), StoreError> {
+        self.resume_if_stopped();
         self.db
             .write(batch.inner)
-            .map_err(|e| StoreError::from_rocksdb(&self.tenant, "write", e))
+            .map_err(|e| self.write_error("write", e))
     }
 
     /// Makes every write so far durable (syncs the WAL).
     pub fn sync(&self) -> Result<(), StoreError> {
+        self.resume_if_stopped();
         self.db
             .flush_wal(true)
-            .map_err(|e| StoreError::from_rocksdb(&self.tenant, "sync", e))
+            .map_err(|e| self.write_error("sync", e))
+    }
+
+    /// A failed write's error; a full disk also marks the store (the listener may not have:
+    /// RocksDB reports some write failures to the caller only).
+    fn write_error(&self, op: &'static str, e: rocksdb::Error) -> StoreError {
+        let err = StoreError::from_rocksdb(&self.tenant, op, e);
+        if let StoreError::NoSpace { detail, .. } = &err {
+            self.health.stopped(true, detail);
+        }
+        err
+    }
+
+    fn resume_if_stopped(&self) {
+        if self.health.is_no_space() {
+            self.try_resume();
+        }
+    }
+
+    /// Whether the store takes writes: writable, read-only for lack of space, or failed.
+    pub fn state(&self) -> StoreState {
+        self.health.state()
+    }
+
+    /// Resumes a store that stopped because its filesystem filled up, once that filesystem
+    /// has room again (at most one attempt a second). True if the store takes writes now.
+    /// Writes call it on a stopped store, and the daemon calls it for its idle mounts.
+    pub fn try_resume(&self) -> bool {
+        if !self.health.is_no_space() {
+            return matches!(self.health.state(), StoreState::Writable);
+        }
+        if !self.health.resume_due() {
+            return false;
+        }
+        let Ok((free, _)) = self.disk_space() else {
+            return false;
+        };
+        let needs = self.unflushed_bytes() + RESUME_MARGIN;
+        self.health.space(free, needs);
+        if free < needs {
+            return false;
+        }
+        match super::ffi::resume(&self.db) {
+            Ok(()) => {
+                self.health.resumed();
+                true
+            }
+            Err(e) => {
+                tracing::debug!(tenant = %self.tenant, error = %e, "resume failed; will retry");
+                false
+            }
+        }
     }
 
     /// Flushes all memtables to SST files.
