@@ -775,19 +775,25 @@ fn base_command(cli: &Cli, cmd: &BaseCommand) -> Result<()> {
                 return Ok(());
             }
             println!(
-                "{:<24} {:>6} {:>14} {:>14} {:>8}",
-                "NAME", "KIND", "LOGICAL", "UNIQUE", "TENANTS"
+                "{:<24} {:>6} {:>8} {:>14} {:>14} {:>14} {:>8}",
+                "NAME", "KIND", "FILES", "LOGICAL", "UNIQUE", "STORED", "TENANTS"
             );
             for b in &list.bases {
                 println!(
-                    "{:<24} {:>6} {:>14} {:>14} {:>8}",
+                    "{:<24} {:>6} {:>8} {:>14} {:>14} {:>14} {:>8}",
                     b.name,
                     format!("{:?}", b.kind).to_lowercase(),
+                    b.files,
                     b.logical_bytes,
                     b.unique_bytes,
+                    b.stored_bytes,
                     b.tenants.len()
                 );
             }
+            println!(
+                "LOGICAL: file sizes; UNIQUE: file bytes left after holes and duplicate blocks; \
+                 STORED: its distinct blocks, whole, on disk"
+            );
             println!(
                 "host: {} logical, {} stored, {} in packs",
                 list.host.logical_bytes, list.host.stored_bytes, list.host.pack_bytes

@@ -59,10 +59,15 @@ fn kill_pending(pid: u32) -> bool {
 /// The command line of `pid` for one line of a message: the program's file name, then its
 /// arguments, whitespace collapsed, at most 60 characters ("?" if the process is gone).
 pub fn command(pid: u32) -> String {
+    match fs::read(format!("/proc/{pid}/cmdline")) {
+        Ok(raw) => one_line(&raw),
+        Err(_) => "?".to_owned(),
+    }
+}
+
+/// A NUL-separated command line as [`command`] shows it.
+fn one_line(raw: &[u8]) -> String {
     const MAX: usize = 60;
-    let Ok(raw) = fs::read(format!("/proc/{pid}/cmdline")) else {
-        return "?".to_owned();
-    };
     let mut args = raw.split(|&c| c == 0).filter(|a| !a.is_empty());
     let Some(program) = args.next() else {
         return "?".to_owned();
@@ -84,6 +89,18 @@ pub fn command(pid: u32) -> String {
 mod tests {
     use super::*;
     use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn command_lines_fit_one_line() {
+        assert_eq!(
+            one_line(b"/usr/bin/python3\0-c\0import os\n  x = 1\n\0"),
+            "python3 -c import os x = 1"
+        );
+        assert_eq!(one_line(b""), "?");
+        let long = one_line(&[b"a\0".as_slice(), &[b'x'; 100]].concat());
+        assert_eq!(long.len(), 63);
+        assert!(long.ends_with("..."));
+    }
 
     #[test]
     fn parses_proc_locks() {
@@ -120,7 +137,7 @@ mod tests {
     fn tells_live_exited_and_zombie_processes_apart() {
         assert!(!going_away(std::process::id()));
         let mut child = std::process::Command::new("/bin/sleep")
-            .arg("30\n")
+            .arg("30")
             .spawn()
             .unwrap();
         let pid = child.id();

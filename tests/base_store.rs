@@ -95,6 +95,36 @@ fn shared_blocks_count_once_and_holes_not_at_all() {
     assert_eq!(s.read_block(&h).unwrap(), block);
 }
 
+/// Files whose sizes are not whole blocks, no block twice: UNIQUE is exactly LOGICAL (a last,
+/// partial block counts its bytes), STORED is the whole blocks on disk. (UNIQUE used to count
+/// whole blocks and came out above LOGICAL for a base with no duplicates at all.)
+#[test]
+fn unique_never_exceeds_logical_without_duplicates() {
+    let t = TestHost::new(DirectIo::Auto);
+    let src = t.tmp.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let sizes = [1u64, 4095, 4097, 3 * 4096 + 100, 10_000, 123_457];
+    for (i, n) in sizes.iter().enumerate() {
+        std::fs::write(src.join(format!("f{i}")), noise(70 + i as u64, *n as usize)).unwrap();
+    }
+    let s = store(&t);
+    let info = s.import("odd", &src, BS, &mut no_progress).unwrap();
+    let logical: u64 = sizes.iter().sum();
+    assert_eq!(info.logical_bytes, logical);
+    assert_eq!(info.unique_bytes, logical);
+    let blocks: u64 = sizes.iter().map(|n| n.div_ceil(BS as u64)).sum();
+    assert_eq!(info.stored_bytes, blocks * 4096);
+    let listed = &s.list().unwrap().bases[0];
+    assert_eq!(
+        (
+            listed.logical_bytes,
+            listed.unique_bytes,
+            listed.stored_bytes
+        ),
+        (info.logical_bytes, info.unique_bytes, info.stored_bytes)
+    );
+}
+
 #[test]
 fn raw_image_is_one_file_of_its_blocks() {
     let t = TestHost::new(DirectIo::Auto);
@@ -218,8 +248,28 @@ fn kill9_during_import_leaves_a_store_that_opens_and_verifies() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    // Let it write some packs and index batches, then kill it mid-way.
-    std::thread::sleep(Duration::from_millis(1500));
+    // Let it write some packs and index batches (64 MiB of its 384), then kill it mid-way.
+    let packs = h.data.join("base/packs");
+    let pack_bytes = || -> u64 {
+        std::fs::read_dir(&packs)
+            .unwrap()
+            .flatten()
+            .map(|e| e.metadata().unwrap().len())
+            .sum()
+    };
+    let before = pack_bytes();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while pack_bytes() < before + (64 << 20) {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the import ended before writing 64 MiB"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the import makes no progress"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert!(
         child.try_wait().unwrap().is_none(),
         "the import finished too soon to test"

@@ -732,3 +732,48 @@ fn a_full_disk_stops_one_tenant_until_space_is_freed() {
         );
     }
 }
+
+/// Python's open() asks isatty() (an ioctl) of every file; select.poll and copy_file_range
+/// reach the filesystem too. None of them leaves a warning in the daemon's log (fuser's
+/// defaults logged "[Not Implemented]" for each), and the mount table shows the filesystem as
+/// `fuse.tenantfs`.
+#[test]
+fn python_file_io_leaves_no_warnings_and_the_mount_type_is_fuse_tenantfs() {
+    let h = Host::new("pyio");
+    let mp = h.dir("m");
+    h.create_tenant("t");
+    let (d, _notify) = start_daemon_env(&h, &h.root().join("notify"), &[("TENANTFS_LOG", "info")]);
+    h.ok(&["mount", "t", mp.to_str().unwrap()]);
+    let _g = h.guard("t", &mp, d.0.id());
+    let listed = check(&mut cmd(
+        "findmnt",
+        &["-n", "-t", "fuse.tenantfs", "-o", "TARGET,SOURCE"],
+    ));
+    assert!(
+        listed.contains(&format!("{} tenantfs:t", mp.display())),
+        "findmnt -t fuse.tenantfs: {listed:?}"
+    );
+    let script = format!(
+        "import os, select\n\
+         d = {dir:?}\n\
+         for i in range(20):\n\
+         \x20   with open(f'{{d}}/f{{i}}', 'w') as f: f.write('x' * i)\n\
+         \x20   with open(f'{{d}}/f{{i}}') as f: assert f.read() == 'x' * i\n\
+         fd = os.open(f'{{d}}/f19', os.O_RDONLY)\n\
+         assert not os.isatty(fd)\n\
+         p = select.poll(); p.register(fd, select.POLLIN); assert p.poll(1000)\n\
+         out = os.open(f'{{d}}/copy', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+         n = 0\n\
+         while n < 19: n += os.copy_file_range(fd, out, 19 - n)\n\
+         os.close(out); os.close(fd)\n\
+         assert open(f'{{d}}/copy').read() == 'x' * 19\n",
+        dir = mp.to_str().unwrap()
+    );
+    check(&mut cmd("python3", &["-c", &script]));
+    let log = std::fs::read_to_string(h.root().join("daemon.log")).unwrap();
+    assert!(
+        log.contains("mounted"),
+        "the log is not at info level: {log}"
+    );
+    assert!(!log.contains("Not Implemented"), "{log}");
+}

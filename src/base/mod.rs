@@ -57,6 +57,15 @@ pub enum BaseError {
     BlockMissing(String),
     #[error("the base index is damaged: {0}")]
     Corrupt(String),
+    #[error(
+        "base {base} was written by a newer tenantfs (record format {found}, this one reads up \
+         to {known}); use that version or newer"
+    )]
+    NewerFormat {
+        base: String,
+        found: u32,
+        known: u32,
+    },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

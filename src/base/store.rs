@@ -21,7 +21,8 @@ use crate::data_dir::DataDir;
 use crate::store::{Batch, Encryption, Family, OpenMode, StoreHost, TenantDb};
 use crate::volume::{FileKind, GraftNode};
 
-const FORMAT_VERSION: u32 = 1;
+/// Version 2 added `unique_bytes`; version-1 records get it computed from the index at open.
+const FORMAT_VERSION: u32 = 2;
 /// Blocks sealed and written per pack write (and per index batch).
 const FLUSH_BLOCKS: usize = 256;
 const INDEX_NAME: &str = "host base index";
@@ -59,6 +60,11 @@ pub struct BaseRecord {
     pub logical_bytes: u64,
     /// Distinct non-zero blocks in the tree.
     pub unique_blocks: u64,
+    /// Bytes of file data in those distinct blocks, each block counted once by the file bytes
+    /// it holds (a file's last, partial block counts its bytes, not the whole block): never
+    /// more than `logical_bytes`. None only in version-1 records, until they are migrated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique_bytes: Option<u64>,
     pub created_unix: u64,
 }
 
@@ -69,9 +75,13 @@ pub struct BaseInfo {
     pub kind: SourceKind,
     pub block_size: u32,
     pub files: u64,
+    /// Bytes of its files (their sizes, holes included).
     pub logical_bytes: u64,
-    /// Distinct blocks of this base times the block size (what it would store alone).
+    /// Bytes of file data in its distinct non-zero blocks (each counted once, by the file
+    /// bytes it holds): what is left of `logical_bytes` after holes and duplicates.
     pub unique_bytes: u64,
+    /// Its distinct blocks times the block size: what it would take on disk alone.
+    pub stored_bytes: u64,
     /// Tenants created from the base.
     pub tenants: Vec<String>,
 }
@@ -168,8 +178,16 @@ impl BaseStore {
             index,
             packs: PackReader::new(data),
         };
-        for record in store.records()? {
+        for mut record in store.records()? {
             match record.state {
+                BaseState::Ready if record.unique_bytes.is_none() => {
+                    record.unique_bytes = Some(store.unique_bytes_of(&record)?);
+                    record.format_version = FORMAT_VERSION;
+                    let mut b = store.index.batch();
+                    store.put_record(&mut b, &record);
+                    store.index.write(b)?;
+                    tracing::info!(base = %record.name, "base record migrated to format 2");
+                }
                 BaseState::Ready => {}
                 BaseState::Importing => {
                     tracing::warn!(base = %record.name, "an import was interrupted; rolling it back");
@@ -187,22 +205,65 @@ impl BaseStore {
     fn records(&self) -> Result<Vec<BaseRecord>, BaseError> {
         let mut out = Vec::new();
         let mut bad = None;
+        let mut newer = None;
         self.index.range(
             Family::Meta,
             index::BASES_START,
             index::BASES_END,
             |k, v| {
                 match serde_json::from_slice::<BaseRecord>(v) {
+                    Ok(r) if r.format_version > FORMAT_VERSION => {
+                        newer = Some((r.name, r.format_version));
+                        return false;
+                    }
                     Ok(r) => out.push(r),
                     Err(e) => bad = Some(format!("{}: {e}", String::from_utf8_lossy(&k[1..]))),
                 }
                 true
             },
         )?;
+        if let Some((base, found)) = newer {
+            return Err(BaseError::NewerFormat {
+                base,
+                found,
+                known: FORMAT_VERSION,
+            });
+        }
         match bad {
             Some(detail) => Err(BaseError::Corrupt(format!("base record {detail}"))),
             None => Ok(out),
         }
+    }
+
+    /// `unique_bytes` of a base from its index entries, as its import counts it: the file
+    /// bytes of each distinct block, at its first appearance in tree order.
+    fn unique_bytes_of(&self, r: &BaseRecord) -> Result<u64, BaseError> {
+        let mut sizes: HashMap<u64, u64> = HashMap::new();
+        let (start, end) = index::base_range(b'T', &r.name);
+        self.index.range(Family::Inodes, &start, &end, |k, v| {
+            let seq = k.len().checked_sub(8).map(|at| &k[at..]);
+            if let (Some(seq), Ok(e)) = (seq, serde_json::from_slice::<TreeEntry>(v)) {
+                sizes.insert(u64::from_be_bytes(seq.try_into().expect("8 bytes")), e.size);
+            }
+            true
+        })?;
+        let bs = r.block_size as u64;
+        let mut seen: HashSet<BlockHash> = HashSet::new();
+        let mut total = 0u64;
+        let (start, end) = index::base_range(b'K', &r.name);
+        self.index.range(Family::Dirents, &start, &end, |k, v| {
+            let n = k.len();
+            if n >= 16 && v.len() == 32 {
+                let seq = u64::from_be_bytes(k[n - 16..n - 8].try_into().expect("8 bytes"));
+                let index = u64::from_be_bytes(k[n - 8..].try_into().expect("8 bytes"));
+                let size = sizes.get(&seq).copied().unwrap_or(0);
+                if seen.insert(v.try_into().expect("32 bytes")) {
+                    total += size.saturating_sub(index * bs).min(bs);
+                }
+            }
+            true
+        })?;
+        Ok(total)
     }
 
     /// The base named `name`, if it exists (in any state).
@@ -391,6 +452,7 @@ impl BaseStore {
                 .map(|e| e.size)
                 .sum(),
             unique_blocks: 0,
+            unique_bytes: Some(0),
             created_unix: now_unix(),
         };
         let mut b = self.index.batch();
@@ -424,7 +486,7 @@ impl BaseStore {
                             break;
                         }
                         block[n..].fill(0);
-                        imp.add(seq as u64, index, &block)?;
+                        imp.add(seq as u64, index, &block, n)?;
                         index += 1;
                         done += n as u64;
                         if index.is_multiple_of(256) {
@@ -457,6 +519,7 @@ impl BaseStore {
         });
         record.state = BaseState::Ready;
         record.unique_blocks = imp.seen.len() as u64;
+        record.unique_bytes = Some(imp.unique_bytes);
         let mut b = self.index.batch();
         self.put_record(&mut b, &record);
         self.index.write(b)?;
@@ -516,7 +579,8 @@ impl BaseStore {
             block_size: r.block_size,
             files: r.files,
             logical_bytes: r.logical_bytes,
-            unique_bytes: r.unique_blocks * r.block_size as u64,
+            unique_bytes: r.unique_bytes.unwrap_or(0),
+            stored_bytes: r.unique_blocks * r.block_size as u64,
             tenants: Vec::new(),
         }
     }
@@ -751,6 +815,8 @@ struct Importer<'a> {
     /// Block records changed since the last flush (new, or one more reference).
     dirty: HashMap<BlockHash, BlockRecord>,
     seen: HashSet<BlockHash>,
+    /// File bytes in the distinct blocks seen so far.
+    unique_bytes: u64,
     entries: usize,
 }
 
@@ -783,11 +849,14 @@ impl<'a> Importer<'a> {
             batch: store.index.batch(),
             dirty: HashMap::new(),
             seen: HashSet::new(),
+            unique_bytes: 0,
             entries: 0,
         })
     }
 
-    fn add(&mut self, seq: u64, index: u64, block: &[u8]) -> Result<(), BaseError> {
+    /// Adds block `index` of entry `seq`, which holds `len` bytes of the file (the rest of
+    /// `block` is zero padding).
+    fn add(&mut self, seq: u64, index: u64, block: &[u8], len: usize) -> Result<(), BaseError> {
         if block.iter().all(|&b| b == 0) {
             return Ok(()); // a hole
         }
@@ -801,6 +870,7 @@ impl<'a> Importer<'a> {
         if !self.seen.insert(hash) {
             return Ok(());
         }
+        self.unique_bytes += len as u64;
         self.batch
             .put(Family::Extents, &index::ref_key(&self.base, &hash), b"");
         let existing = match self.dirty.get(&hash) {
@@ -916,5 +986,53 @@ impl BaseStore {
         );
         self.packs.add_pack(pack.clone());
         Ok(pack)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The migration of version-1 records recounts `unique_bytes` from the index exactly as
+    /// the import counted it: partial last blocks, a duplicate block, a hole.
+    #[test]
+    fn migration_counts_unique_bytes_as_the_import_did() {
+        let tmp = tempfile::Builder::new()
+            .prefix("tenantfs-base-migrate-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let root = tmp.path().join("data");
+        DataDir::init(&root, None).unwrap();
+        let data = DataDir::open(&root, None).unwrap();
+        let host = StoreHost::builder().build();
+        let src = tmp.path().join("src");
+        std::fs::create_dir_all(src.join("d")).unwrap();
+        let block = vec![7u8; 4096];
+        let a = [block.as_slice(), &[0u8; 4096], &[3u8; 10]].concat();
+        std::fs::write(src.join("a"), &a).unwrap();
+        std::fs::write(src.join("d/b"), [block.as_slice(), &[9u8; 33]].concat()).unwrap();
+        std::fs::write(src.join("d/c"), vec![5u8; 5000]).unwrap();
+        let store = BaseStore::open(&data, &host).unwrap();
+        store.import("m", &src, 4096, &mut |_| {}).unwrap();
+        let record = store.record("m").unwrap().unwrap();
+        let counted = record.unique_bytes.unwrap();
+        assert_eq!(
+            counted,
+            4096 + 10 + 33 + 5000,
+            "the repeated block counts once"
+        );
+        assert_eq!(store.unique_bytes_of(&record).unwrap(), counted);
+        // A version-1 record (no unique_bytes) is migrated when the store opens.
+        let mut old = record.clone();
+        old.format_version = 1;
+        old.unique_bytes = None;
+        let mut b = store.index.batch();
+        store.put_record(&mut b, &old);
+        store.index.write(b).unwrap();
+        drop(store);
+        let store = BaseStore::open(&data, &host).unwrap();
+        let migrated = store.record("m").unwrap().unwrap();
+        assert_eq!(migrated.format_version, FORMAT_VERSION);
+        assert_eq!(migrated.unique_bytes, Some(counted));
     }
 }

@@ -81,7 +81,7 @@ pub struct MountEntry {
 impl MountEntry {
     /// The tenant served at this mount, if it is a tenantfs mount.
     pub fn tenant(&self) -> Option<&str> {
-        // fuser mounts with type "fuse" (the subtype shows only through fusermount).
+        // Older releases mounted as plain "fuse"; their mounts are still recognised.
         (self.fstype == FS_TYPE || self.fstype == "fuse")
             .then(|| self.source.strip_prefix(SOURCE_PREFIX))
             .flatten()
@@ -232,7 +232,9 @@ fn session_config(tenant: &str, options: &MountOptions) -> Config {
     let mut cfg = Config::default();
     cfg.mount_options = vec![
         MountOption::FSName(format!("{SOURCE_PREFIX}{tenant}")),
-        MountOption::Subtype("tenantfs".into()),
+        // To the kernel, so the mount table says `fuse.tenantfs` (fuser keeps its Subtype
+        // option for fusermount and mounts as plain `fuse` when it calls mount(2) itself).
+        MountOption::CUSTOM("subtype=tenantfs".into()),
         MountOption::DefaultPermissions,
         MountOption::Dev,
         MountOption::Suid,
