@@ -1,9 +1,11 @@
-//! Idle mounted tenants: what one more mounted tenant costs the daemon in RSS, and how long a
-//! mount takes. Hosts mount hundreds of tenants of which most sit idle, so the per-mount
-//! floor decides density (targets: <= 1 MiB RSS per idle mounted tenant, mount <= 50 ms).
+//! Idle mounted tenants: what one more mounted tenant costs the daemon in RSS, threads and
+//! open files, what it holds on disk, and how long a mount takes. Hosts mount hundreds of
+//! tenants of which most sit idle, so the per-mount floor decides density (targets: <= 1 MiB
+//! RSS and <= 1 MiB of disk beyond its data per idle mounted tenant, mount <= 50 ms).
 //!
 //! One daemon, N empty tenants (created before it starts). Steps, each followed by a settle
-//! and an RSS sample of the daemon (VmRSS, RssAnon, RssFile from /proc/PID/status):
+//! and a sample of the daemon (VmRSS, RssAnon from /proc/PID/status; threads; open
+//! files) and of the disk the tenants' directories take (allocated blocks):
 //!   1. daemon up, nothing mounted;
 //!   2. N mounts through the control socket (each mount timed: the daemon's own work, no
 //!      client process start);
@@ -36,12 +38,11 @@ const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
 const SETTLE: Duration = Duration::from_secs(2);
 
-/// VmRSS, RssAnon, RssFile of `pid`, bytes.
+/// VmRSS and RssAnon of `pid`, bytes.
 #[derive(Clone, Copy)]
 struct Rss {
     total: u64,
     anon: u64,
-    file: u64,
 }
 
 fn rss(pid: u32) -> Rss {
@@ -63,7 +64,6 @@ fn rss(pid: u32) -> Rss {
     Rss {
         total: kib("VmRSS:"),
         anon: kib("RssAnon:"),
-        file: kib("RssFile:"),
     }
 }
 
@@ -75,8 +75,14 @@ fn threads(pid: u32) -> Vec<(String, usize)> {
         .flatten()
         .flatten()
     {
+        // Per-mount threads are named after their tenant: group them (t0001 -> t####).
         let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        *by_name.entry(comm.trim().to_owned()).or_insert(0) += 1;
+        let name: String = comm
+            .trim()
+            .chars()
+            .map(|c| if c.is_ascii_digit() { '#' } else { c })
+            .collect();
+        *by_name.entry(name).or_insert(0) += 1;
     }
     let mut v: Vec<(String, usize)> = by_name.into_iter().collect();
     v.sort_by_key(|t| std::cmp::Reverse(t.1));
@@ -85,6 +91,43 @@ fn threads(pid: u32) -> Vec<(String, usize)> {
 
 fn count(threads: &[(String, usize)]) -> usize {
     threads.iter().map(|t| t.1).sum()
+}
+
+/// Open file descriptors of `pid`.
+fn open_files(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
+/// Disk the files under `dir` take (allocated blocks, not sizes).
+fn allocated(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => allocated(&e.path()),
+            Ok(m) => m.blocks() * 512,
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// One sample of the daemon and the tenants' disk after a step.
+struct Sample {
+    rss: Rss,
+    threads: Vec<(String, usize)>,
+    files: usize,
+    disk: u64,
+}
+
+fn sample(pid: u32, tenants: &std::path::Path) -> Sample {
+    Sample {
+        rss: rss(pid),
+        threads: threads(pid),
+        files: open_files(pid),
+        disk: allocated(tenants),
+    }
 }
 
 struct Bench {
@@ -211,9 +254,9 @@ fn main() {
         sleep(Duration::from_millis(20));
     }
     let pid = b.pid();
+    let tenants_dir = b.data.join("tenants");
     sleep(SETTLE);
-    let r0 = rss(pid);
-    let th0 = threads(pid);
+    let s0 = sample(pid, &tenants_dir);
 
     // 2. N mounts through the socket.
     let mut mount_ms = Vec::with_capacity(n);
@@ -228,8 +271,7 @@ fn main() {
         b.mounted.push(mp.clone());
     }
     sleep(SETTLE);
-    let r1 = rss(pid);
-    let th1 = threads(pid);
+    let s1 = sample(pid, &tenants_dir);
 
     // 3. Each tenant used once, then idle.
     let page = vec![0x5au8; 4096];
@@ -245,16 +287,14 @@ fn main() {
         assert_eq!(back, page);
     }
     sleep(SETTLE);
-    let r2 = rss(pid);
-    let th2 = threads(pid);
+    let s2 = sample(pid, &tenants_dir);
 
     // 4. Caches given back, as under memory pressure.
     b.request(&Request::CacheRelease {
         bytes: u64::MAX / 2,
     });
     sleep(SETTLE);
-    let r3 = rss(pid);
-    let th3 = threads(pid);
+    let s3 = sample(pid, &tenants_dir);
 
     // 5. N unmounts through the socket.
     let mut umount_ms = Vec::with_capacity(n);
@@ -267,8 +307,7 @@ fn main() {
     }
     b.mounted.clear();
     sleep(SETTLE);
-    let r4 = rss(pid);
-    let th4 = threads(pid);
+    let s4 = sample(pid, &tenants_dir);
 
     // CLI: K mounts/unmounts and K no-op CLI requests, interleaved.
     let (mut cli_mount, mut cli_umount, mut cli_noop) = (vec![], vec![], vec![]);
@@ -310,44 +349,52 @@ fn main() {
 
     let per =
         |a: Rss, z: Rss, f: fn(Rss) -> u64| (f(z) as f64 - f(a) as f64) / n as f64 / KIB as f64;
+    let per_n = |a: usize, z: usize| (z as f64 - a as f64) / n as f64;
     println!();
-    println!("Daemon RSS (pid {pid}), {n} tenants:");
+    println!("Daemon (pid {pid}) and disk, {n} tenants:");
     println!();
-    println!("| step | VmRSS MiB | RssAnon MiB | RssFile MiB | threads | per mounted tenant vs step 1 (KiB RSS / anon) |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!(
+        "| step | VmRSS MiB | RssAnon MiB | threads | open files | tenants' disk MiB | per mounted \
+         tenant vs step 1: KiB RSS / anon, threads, files | disk per tenant KiB |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let rows = [
-        ("1. daemon up, nothing mounted", r0, &th0),
-        ("2. all mounted, untouched", r1, &th1),
+        ("1. daemon up, nothing mounted", &s0),
+        ("2. all mounted, untouched", &s1),
         (
             "3. each used once (4 KiB written, fsynced, read), idle",
-            r2,
-            &th2,
+            &s2,
         ),
-        ("4. after `cache release`", r3, &th3),
-        ("5. all unmounted", r4, &th4),
+        ("4. after `cache release`", &s3),
+        ("5. all unmounted", &s4),
     ];
-    for (i, (what, r, th)) in rows.iter().enumerate() {
+    for (i, (what, s)) in rows.iter().enumerate() {
         println!(
-            "| {what} | {:.1} | {:.1} | {:.1} | {} | {} |",
-            r.total as f64 / MIB as f64,
-            r.anon as f64 / MIB as f64,
-            r.file as f64 / MIB as f64,
-            count(th),
+            "| {what} | {:.1} | {:.1} | {} | {} | {:.1} | {} | {:.0} |",
+            s.rss.total as f64 / MIB as f64,
+            s.rss.anon as f64 / MIB as f64,
+            count(&s.threads),
+            s.files,
+            s.disk as f64 / MIB as f64,
             if i == 0 {
                 "-".to_owned()
             } else {
                 format!(
-                    "{:.0} / {:.0}",
-                    per(r0, *r, |r| r.total),
-                    per(r0, *r, |r| r.anon)
+                    "{:.0} / {:.0}, {:.1}, {:.1}",
+                    per(s0.rss, s.rss, |r| r.total),
+                    per(s0.rss, s.rss, |r| r.anon),
+                    per_n(count(&s0.threads), count(&s.threads)),
+                    per_n(s0.files, s.files)
                 )
-            }
+            },
+            s.disk as f64 / n as f64 / KIB as f64
         );
     }
     println!();
     println!(
         "Threads with {n} mounts (by name): {}",
-        th2.iter()
+        s2.threads
+            .iter()
             .map(|(name, c)| format!("{name} x{c}"))
             .collect::<Vec<_>>()
             .join(", ")

@@ -148,3 +148,73 @@ fn a_full_disk_keeps_direct_io() {
         );
     }
 }
+
+/// A store whose background flush fails on a full disk is reported by RocksDB's listener (the
+/// shim's `HealthListener` on the store's options; nothing on the write path saw an error):
+/// read-only, with the space it needs. Once that space is free, `try_resume` (RocksDB's
+/// `DB::Resume` through the shim) makes it take writes again.
+#[test]
+fn a_full_disk_stops_a_store_until_it_is_resumed() {
+    use tenantfs::store::{Family, StoreState, TenantDb};
+    let tmp = tempfile::Builder::new()
+        .prefix("tenantfs-fullstore-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let img = tmp.path().join("fs.img");
+    let fs = tmp.path().join("fs");
+    std::fs::create_dir(&fs).unwrap();
+    std::fs::File::create(&img)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    mount::check(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+    let _m = mount::FsMount::mount(&["-o", "loop", img.to_str().unwrap()], &fs);
+    let root = fs.join("data");
+    tenantfs::data_dir::DataDir::init(&root, None).unwrap();
+    let data = tenantfs::data_dir::DataDir::open(&root, None).unwrap();
+    let host = tenantfs::store::StoreHost::builder().build();
+    tenants::create(&data, &host, "full", None).unwrap();
+    let tenant = tenants::open(&data, &host, "full").unwrap();
+    let db = tenant.db();
+    // The WAL now has a preallocated step with room for a small write.
+    db.put(Family::Meta, b"first", b"1").unwrap();
+    fill(&fs);
+    db.put(Family::Meta, b"second", b"2").unwrap();
+    assert_eq!(db.state(), StoreState::Writable);
+    assert!(db.flush().is_err(), "a flush on a full disk succeeded");
+    let StoreState::NoSpace { .. } = db.state() else {
+        panic!("the listener did not report the stop: {:?}", db.state())
+    };
+    assert!(db.put(Family::Meta, b"third", b"3").is_err());
+    assert!(!db.try_resume(), "resumed with no space free");
+    let StoreState::NoSpace {
+        needs_free_bytes, ..
+    } = db.state()
+    else {
+        panic!("{:?}", db.state())
+    };
+    assert!(needs_free_bytes >= 2 << 20, "{needs_free_bytes}");
+    std::fs::remove_file(fs.join("filler")).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !db.try_resume() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never resumed: {:?}",
+            db.state()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(db.state(), StoreState::Writable);
+    db.put(Family::Meta, b"third", b"3").unwrap();
+    db.flush().unwrap();
+    let check = |db: &TenantDb| {
+        for (k, v) in [(&b"first"[..], b"1"), (b"second", b"2"), (b"third", b"3")] {
+            assert_eq!(db.get(Family::Meta, k).unwrap().as_deref(), Some(&v[..]));
+        }
+    };
+    check(db);
+    // The WAL whose creation failed leaves nothing that stops the next open.
+    drop(tenant);
+    let tenant = tenants::open(&data, &host, "full").unwrap();
+    check(tenant.db());
+}

@@ -393,9 +393,21 @@ impl Daemon {
     }
 }
 
+/// Each mounted tenant holds about a dozen descriptors (its store's files, the FUSE device
+/// and its per-worker clones): the soft limit (often 1,024) is raised to the hard one.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+            tracing::info!(from = soft, to = hard, "raised the open files limit");
+        }
+    }
+}
+
 /// Runs the daemon until SIGTERM/SIGINT: control socket at `socket`, READY=1 to systemd.
 /// The caller must have blocked the shutdown signals before any thread started.
 pub fn run(data: DataDir, config: &Config, socket: &Path) -> std::io::Result<()> {
+    raise_open_files_limit();
     let daemon = Daemon::new(data, config)?;
     let handler: control::Handler = {
         let d = daemon.clone();

@@ -242,11 +242,23 @@ class HealthListener final : public EventListener {
 
   const char* Name() const override { return "TenantfsHealthListener"; }
 
-  void OnBackgroundError(BackgroundErrorReason, Status* error) override {
+  void OnBackgroundError(BackgroundErrorReason reason, Status* error) override {
+    // A memtable switch whose new WAL could not be written on a full disk is fatal to
+    // RocksDB (kMemTable: it fears WAL bytes lost from the writer's buffer), and no Resume
+    // clears a fatal error. tenantfs writes without manual_wal_flush, so every write's WAL
+    // record reached the file before the write returned: nothing was buffered, and the old
+    // WAL holds all the memtable does. Hard is the true severity: the store stops and Resume
+    // flushes it once there is room (tests/direct_io.rs reopens such a store afterwards).
+    if (reason == BackgroundErrorReason::kMemTable && error->IsNoSpace() &&
+        error->severity() > Status::Severity::kHardError) {
+      *error = Status(*error, Status::Severity::kHardError);
+    }
     if (error->severity() >= Status::Severity::kHardError) {
       std::string detail = error->ToString();
-      tenantfs_store_stopped(health_, error->IsNoSpace() ? 1 : 0, detail.data(),
-                             detail.size());
+      // Past hard (fatal, unrecoverable) no Resume helps, whatever the cause.
+      int no_space = error->IsNoSpace() &&
+                     error->severity() == Status::Severity::kHardError;
+      tenantfs_store_stopped(health_, no_space, detail.data(), detail.size());
     }
   }
 
@@ -272,8 +284,8 @@ class HealthListener final : public EventListener {
 }  // namespace
 
 // Same layout as in RocksDB's db/c.cc: a store handle and an options handle. Guarded by
-// tests/store_ffi.rs (a listener added through the options reports a real full disk; Resume on
-// an open store answers OK).
+// tests/direct_io.rs: a listener added through the options reports a real full disk, and
+// Resume through the handle brings the store back.
 struct rocksdb_t {
   DB* rep;
 };
