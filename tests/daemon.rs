@@ -624,14 +624,7 @@ fn mount_stats(h: &Host, tenant: &str) -> serde_json::Value {
 fn a_full_disk_stops_one_tenant_until_space_is_freed() {
     // Memtables of at most 16 MiB: what a stopped store must write out to take writes again.
     let mut h = Host::new("diskfull").with_config("[store]\nwrite_buffers = \"16M\"\n");
-    let img = h.root().join("fs.img");
-    let fs = h.dir("fs");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(128 << 20)
-        .unwrap();
-    check(&mut cmd("mkfs.ext4", &["-q", "-F", img.to_str().unwrap()]));
-    let _fs = FsMount::mount(&["-o", "loop", img.to_str().unwrap()], &fs);
+    let (fs, _fs) = small_ext4(h.root(), 128 << 20);
     h.data = fs.join("data");
     h.ok(&["init"]);
     let names = ["a", "b", "c"];

@@ -89,6 +89,28 @@ fn buffered_io_fills_page_cache() {
     );
 }
 
+/// A data dir on a 64 MiB ext4 of its own: (temp dir, mount guard, filesystem root, data dir
+/// root, data dir). Drop the stores first: they are declared after.
+fn data_dir_on_small_disk(
+    prefix: &str,
+) -> (
+    tempfile::TempDir,
+    mount::FsMount,
+    std::path::PathBuf,
+    std::path::PathBuf,
+    tenantfs::data_dir::DataDir,
+) {
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("tenantfs-{prefix}-"))
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let (fs, disk) = mount::small_ext4(tmp.path(), 64 << 20);
+    let root = fs.join("data");
+    tenantfs::data_dir::DataDir::init(&root, None).unwrap();
+    let data = tenantfs::data_dir::DataDir::open(&root, None).unwrap();
+    (tmp, disk, fs, root, data)
+}
+
 /// Fills the filesystem holding `dir`: a file of 1 MiB writes, then 4 KiB ones, until ENOSPC.
 fn fill(dir: &Path) {
     use std::io::Write;
@@ -111,22 +133,7 @@ fn fill(dir: &Path) {
 /// to fall back to buffered I/O.
 #[test]
 fn a_full_disk_keeps_direct_io() {
-    let tmp = tempfile::Builder::new()
-        .prefix("tenantfs-fulldio-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let img = tmp.path().join("fs.img");
-    let fs = tmp.path().join("fs");
-    std::fs::create_dir(&fs).unwrap();
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
-    mount::check(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
-    let _m = mount::FsMount::mount(&["-o", "loop", img.to_str().unwrap()], &fs);
-    let root = fs.join("data");
-    tenantfs::data_dir::DataDir::init(&root, None).unwrap();
-    let data = tenantfs::data_dir::DataDir::open(&root, None).unwrap();
+    let (_tmp, _disk, fs, root, data) = data_dir_on_small_disk("fulldio");
     let host = || tenantfs::store::StoreHost::builder().build(); // each with no probe memory
     tenants::create(&data, &host(), "a", None).unwrap();
     fill(&fs);
@@ -156,22 +163,7 @@ fn a_full_disk_keeps_direct_io() {
 #[test]
 fn a_full_disk_stops_a_store_until_it_is_resumed() {
     use tenantfs::store::{Family, StoreState, TenantDb};
-    let tmp = tempfile::Builder::new()
-        .prefix("tenantfs-fullstore-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let img = tmp.path().join("fs.img");
-    let fs = tmp.path().join("fs");
-    std::fs::create_dir(&fs).unwrap();
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
-    mount::check(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
-    let _m = mount::FsMount::mount(&["-o", "loop", img.to_str().unwrap()], &fs);
-    let root = fs.join("data");
-    tenantfs::data_dir::DataDir::init(&root, None).unwrap();
-    let data = tenantfs::data_dir::DataDir::open(&root, None).unwrap();
+    let (_tmp, _disk, fs, _root, data) = data_dir_on_small_disk("fullstore");
     let host = tenantfs::store::StoreHost::builder().build();
     tenants::create(&data, &host, "full", None).unwrap();
     let tenant = tenants::open(&data, &host, "full").unwrap();

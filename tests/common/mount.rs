@@ -397,6 +397,18 @@ impl Drop for FsMount {
     }
 }
 
+/// A fresh ext4 of `bytes` at `<dir>/fs`, loop-mounted from `<dir>/fs.img`: a disk a test can
+/// fill. The image lives in `dir`; the mount goes when the guard drops.
+pub fn small_ext4(dir: &Path, bytes: u64) -> (PathBuf, FsMount) {
+    let img = dir.join("fs.img");
+    let fs = dir.join("fs");
+    std::fs::create_dir_all(&fs).unwrap();
+    std::fs::File::create(&img).unwrap().set_len(bytes).unwrap();
+    check(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img));
+    let guard = FsMount::mount(&["-o", "loop", img.to_str().unwrap()], &fs);
+    (fs, guard)
+}
+
 /// What a tree entry looks like, everything `cp -a` promises to keep.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Node {
