@@ -142,6 +142,12 @@ mod tests {
             .unwrap();
         let pid = child.id();
         assert!(!going_away(pid));
+        // spawn returns once the child left the parent's memory in execve, a moment before
+        // the kernel has set up the new program's arguments.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while command(pid) == "?" && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         assert_eq!(command(pid), "sleep 30");
         child.kill().unwrap();
         // Killed but not reaped: a zombie, which holds no files.

@@ -363,8 +363,8 @@ pub fn open_when_free(data: &DataDir, host: &StoreHost, name: &str) -> Result<Te
             Err(TenantError::InUse(_)) => {
                 let path = tenant_dir(data.root(), name)?.join(LOCK);
                 match lock_holders(&path).first() {
-                    // Released in between: try again at once.
-                    None => continue,
+                    // Released in between (or /proc/locks unreadable): try again shortly.
+                    None => TenantError::InUse(name.to_owned()),
                     Some(&pid) if !process::going_away(pid) => {
                         return Err(TenantError::InUseBy {
                             name: name.to_owned(),
@@ -384,14 +384,12 @@ pub fn open_when_free(data: &DataDir, host: &StoreHost, name: &str) -> Result<Te
         if start.elapsed() >= patience {
             return Err(err);
         }
-        if !said {
-            if let TenantError::StillExiting { pid, .. } = &err {
-                tracing::info!(
-                    tenant = name,
-                    pid,
-                    "waiting for an exiting process to release the tenant's lock"
-                );
-            }
+        if let (false, TenantError::StillExiting { pid, .. }) = (said, &err) {
+            tracing::info!(
+                tenant = name,
+                pid,
+                "waiting for an exiting process to release the tenant's lock"
+            );
             said = true;
         }
         std::thread::sleep(std::time::Duration::from_millis(20));

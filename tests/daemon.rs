@@ -740,11 +740,21 @@ fn python_file_io_leaves_no_warnings_and_the_mount_type_is_fuse_tenantfs() {
     let _g = h.guard("t", &mp, d.0.id());
     let listed = check(&mut cmd(
         "findmnt",
-        &["-n", "-t", "fuse.tenantfs", "-o", "TARGET,SOURCE"],
+        &[
+            "-n",
+            "-r",
+            "-t",
+            "fuse.tenantfs",
+            "-o",
+            "FSTYPE,SOURCE",
+            "--mountpoint",
+            mp.to_str().unwrap(),
+        ],
     ));
-    assert!(
-        listed.contains(&format!("{} tenantfs:t", mp.display())),
-        "findmnt -t fuse.tenantfs: {listed:?}"
+    assert_eq!(
+        listed.trim(),
+        "fuse.tenantfs tenantfs:t",
+        "findmnt -t fuse.tenantfs"
     );
     let script = format!(
         "import os, select\n\

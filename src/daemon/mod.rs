@@ -177,12 +177,16 @@ impl Daemon {
             .collect();
         for (path, w) in due {
             match self.mount(&w.tenant, &path, &w.options) {
-                Ok(_) => tracing::info!(
-                    tenant = %w.tenant,
-                    mountpoint = %path.display(),
-                    attempts = w.attempts + 1,
-                    "mounted a configured tenant"
-                ),
+                Ok(_) => {
+                    // Under its own key too (the path may canonicalise differently now).
+                    lock(&self.waiting).remove(&path);
+                    tracing::info!(
+                        tenant = %w.tenant,
+                        mountpoint = %path.display(),
+                        attempts = w.attempts + 1,
+                        "mounted a configured tenant"
+                    )
+                }
                 Err(error) => {
                     if let Some(entry) = lock(&self.waiting).get_mut(&path) {
                         if entry.failed_again(error.clone()) {
@@ -198,8 +202,10 @@ impl Daemon {
                 }
             }
         }
-        for m in self.mounts().values() {
-            m.try_resume();
+        // Outside the mounts lock: a resume flushes memtables, which can take a while.
+        let served: Vec<_> = self.mounts().values().filter_map(|m| m.volume()).collect();
+        for v in served {
+            v.tenant().db().try_resume();
         }
         self.tell_systemd();
     }

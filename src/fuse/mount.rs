@@ -311,16 +311,14 @@ impl MountedTenant {
     /// The served tenant's store: whether it takes writes, and whether it uses O_DIRECT. None
     /// once the session has ended.
     pub fn store(&self) -> Option<(crate::store::StoreState, bool)> {
-        let v = self.volume.upgrade()?;
+        let v = self.volume()?;
         let db = v.tenant().db();
         Some((db.state(), db.direct_io()))
     }
 
-    /// Resumes the store if it stopped for lack of space and there is room again.
-    pub fn try_resume(&self) {
-        if let Some(v) = self.volume.upgrade() {
-            v.tenant().db().try_resume();
-        }
+    /// The served volume, while the session runs.
+    pub fn volume(&self) -> Option<std::sync::Arc<Volume>> {
+        self.volume.upgrade()
     }
 
     /// Whether the session has ended (unmounted from outside, e.g. by umount(8)).
