@@ -338,15 +338,6 @@ pub(crate) fn resume(db: &rocksdb::DB) -> Result<(), String> {
     }
 }
 
-/// The `StoreHealth` behind a listener's pointer (a count held by the listener).
-///
-/// # Safety
-/// `health` must be a pointer `add_health_listener` handed over and not yet released.
-unsafe fn health_of<'a>(health: *const c_void) -> &'a StoreHealth {
-    // SAFETY: the caller's contract: the listener holds the count, so the value is alive.
-    unsafe { &*health.cast::<StoreHealth>() }
-}
-
 #[no_mangle]
 extern "C" fn tenantfs_store_stopped(
     health: *const c_void,
@@ -357,11 +348,12 @@ extern "C" fn tenantfs_store_stopped(
     if health.is_null() || detail.is_null() {
         return;
     }
-    // SAFETY: the shim's listener passes its own count and a buffer of `len` bytes that stays
-    // alive for the call.
+    // SAFETY: the shim's listener passes the count it holds (handed over by
+    // `add_health_listener`, released only with the listener, so the value is alive) and a
+    // buffer of `len` bytes that stays alive for the call.
     let (health, detail) = unsafe {
         (
-            health_of(health),
+            &*health.cast::<StoreHealth>(),
             std::slice::from_raw_parts(detail.cast::<u8>(), len),
         )
     };
@@ -376,8 +368,8 @@ extern "C" fn tenantfs_store_resumed(health: *const c_void) {
     if health.is_null() {
         return;
     }
-    // SAFETY: the shim's listener passes its own count.
-    let health = unsafe { health_of(health) };
+    // SAFETY: as in `tenantfs_store_stopped`: the listener's own count keeps it alive.
+    let health = unsafe { &*health.cast::<StoreHealth>() };
     let _ = std::panic::catch_unwind(|| health.resumed());
 }
 
