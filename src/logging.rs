@@ -2,10 +2,10 @@
 //!
 //! A log line that cannot be written is dropped and counted, never fatal. The daemon's stderr
 //! is often a file on the very disk that filled up (or a pipe whose reader went away), and
-//! tracing-subscriber answers a failed write with `eprintln!`, which panics; inside one of
-//! RocksDB's callbacks (its info logger, the cipher) that panic crosses an `extern "C"` frame
-//! and aborts the process, taking every tenant with it. [`dropped_lines`] tells how many lines
-//! were lost (`tenantfs stats` shows it).
+//! tracing-subscriber reports a failed write on stderr with a print macro, which panics;
+//! inside one of RocksDB's callbacks (its info logger, the cipher) that panic crosses an
+//! `extern "C"` frame and aborts the process, taking every tenant with it. [`dropped_lines`]
+//! tells how many lines were lost (`tenantfs stats` shows it).
 
 use std::io::{self, Write};
 use std::sync::atomic::{AtomicU64, Ordering};
