@@ -63,7 +63,7 @@ fn sst_residency(mode: DirectIo) -> (u64, u64) {
     }
     files_under(&t.root)
         .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "sst"))
+        .filter(|p| p.extension().is_some_and(|e| e == "sst" || e == "blob"))
         .map(|p| residency(p))
         .fold((0, 0), |(r, s), (r2, s2)| (r + r2, s + s2))
 }
@@ -71,7 +71,10 @@ fn sst_residency(mode: DirectIo) -> (u64, u64) {
 #[test]
 fn direct_io_keeps_ssts_out_of_page_cache() {
     let (resident, size) = sst_residency(DirectIo::Auto);
-    assert!(size > 50 << 20, "SSTs hold only {size} bytes");
+    assert!(
+        size > 50 << 20,
+        "SSTs and blob files hold only {size} bytes"
+    );
     assert!(
         resident * 100 < size,
         "{resident} of {size} SST bytes resident in the page cache (limit 1%)"

@@ -42,7 +42,7 @@ fn hundred_mib_leaves_no_plaintext(mode: DirectIo) {
         db.compact().unwrap();
     }
 
-    let mut seen_sst = false;
+    let (mut seen_sst, mut seen_blob) = (false, false);
     let mut total = 0u64;
     for path in files_under(&t.root) {
         let name = path.file_name().unwrap().to_string_lossy().into_owned();
@@ -51,6 +51,7 @@ fn hundred_mib_leaves_no_plaintext(mode: DirectIo) {
             "RocksDB info log written: {path:?}"
         );
         seen_sst |= name.ends_with(".sst");
+        seen_blob |= name.ends_with(".blob");
         let bytes = std::fs::read(&path).unwrap();
         total += bytes.len() as u64;
         assert!(!contains(&bytes, MARKER), "plaintext marker in {path:?}");
@@ -62,6 +63,7 @@ fn hundred_mib_leaves_no_plaintext(mode: DirectIo) {
         }
     }
     assert!(seen_sst, "no SST written");
+    assert!(seen_blob, "file data (4 KiB values) not in blob files");
     assert!(total > 90 << 20, "only {total} bytes at rest");
 
     // Reopen: every value comes back.
@@ -188,6 +190,56 @@ fn flipped_sst_byte_never_returns_wrong_data_direct() {
 #[test]
 fn flipped_sst_byte_never_returns_wrong_data_buffered() {
     flipped_sst_byte_never_returns_wrong_data(DirectIo::Off);
+}
+
+/// File data lives in blob files: a flipped byte there fails the blob's checksum, never
+/// returns other bytes.
+fn flipped_blob_byte_never_returns_wrong_data(mode: DirectIo) {
+    let t = TestHost::new(mode);
+    tenants::create(&t.data, &t.host, "gamma", None).unwrap();
+    let n = 500u64;
+    {
+        let tenant = tenants::open(&t.data, &t.host, "gamma").unwrap();
+        let mut batch = tenant.db().batch();
+        for i in 0..n {
+            batch.put(Family::Extents, &key(i), &value(i));
+        }
+        tenant.db().write(batch).unwrap();
+        tenant.db().flush().unwrap();
+    }
+    let blobs: Vec<_> = files_under(&t.root)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "blob"))
+        .collect();
+    assert_eq!(blobs.len(), 1, "{blobs:?}");
+    let mut bytes = std::fs::read(&blobs[0]).unwrap();
+    bytes[4096 + 100_000] ^= 0x04;
+    std::fs::write(&blobs[0], &bytes).unwrap();
+
+    let tenant = tenants::open(&t.data, &t.host, "gamma").unwrap();
+    let mut failures = 0;
+    for i in 0..n {
+        match tenant.db().get(Family::Extents, &key(i)) {
+            Ok(Some(v)) => assert_eq!(v, value(i), "wrong data for key {i}"),
+            Ok(None) => panic!("key {i} silently missing"),
+            Err(e) => {
+                assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+                assert!(e.to_string().contains("tenant gamma"), "{e}");
+                failures += 1;
+            }
+        }
+    }
+    assert_eq!(failures, 1, "one damaged value, found by its checksum");
+}
+
+#[test]
+fn flipped_blob_byte_never_returns_wrong_data_direct() {
+    flipped_blob_byte_never_returns_wrong_data(DirectIo::Auto);
+}
+
+#[test]
+fn flipped_blob_byte_never_returns_wrong_data_buffered() {
+    flipped_blob_byte_never_returns_wrong_data(DirectIo::Off);
 }
 
 #[test]

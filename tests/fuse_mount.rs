@@ -406,6 +406,9 @@ fn durability_under_kill9() {
     sync_dir(&d);
     // Not synced: may or may not survive, but must not break anything.
     std::fs::write(mnt.join("unsynced"), noise(5, 70_000)).unwrap();
+    // A bulk write (1 MiB requests skip the WAL until fsync) not synced either.
+    let bulk = noise(6, 3 * MIB);
+    std::fs::write(mnt.join("bulk-unsynced"), &bulk).unwrap();
 
     m.kill9();
     let e = std::fs::metadata(&mnt).unwrap_err();
@@ -427,6 +430,16 @@ fn durability_under_kill9() {
     // The whole tree is readable (the unsynced file whole or absent, with any size).
     for p in files_under(&mnt) {
         std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    }
+    // The unsynced bulk file, if there: each block what was written or zeros, no other bytes.
+    if let Ok(got) = std::fs::read(mnt.join("bulk-unsynced")) {
+        assert!(got.len() <= bulk.len());
+        for (i, (g, w)) in got.chunks(4096).zip(bulk.chunks(4096)).enumerate() {
+            assert!(
+                g == &w[..g.len()] || g.iter().all(|&b| b == 0),
+                "block {i} of an unsynced bulk write holds other bytes"
+            );
+        }
     }
     // Still writable after recovery, and it survives a clean remount.
     std::fs::write(d.join("after"), b"after").unwrap();

@@ -236,6 +236,11 @@ impl BlockCache {
 
     /// Changes the budget; shrinking evicts at once.
     pub fn set_budget(&self, bytes: usize) -> Result<(), CacheError> {
+        // foyer's resize starts a thread per shard: skip it when nothing changes (the host
+        // cache re-splits its budget on every governor tick).
+        if self.budget.load(Ordering::Relaxed) == bytes as u64 && self.cache.capacity() == bytes {
+            return Ok(());
+        }
         self.cache.resize(bytes).map_err(|e| CacheError::Budget {
             bytes,
             detail: e.to_string(),

@@ -31,6 +31,10 @@ pub struct HostCacheStats {
     pub released_bytes: u64,
     pub mapped_bytes: u64,
     pub live_bytes: u64,
+    /// Free slab slots kept resident for reuse (part of `resident_bytes`).
+    pub pooled_bytes: u64,
+    /// Allocations served from that pool since start (no page fault each).
+    pub pool_hits: u64,
     pub rocksdb: RocksBlockCacheStats,
     pub blocks: BlockCacheStats,
 }
@@ -56,6 +60,7 @@ impl HostCache {
             budget: AtomicU64::new(budget),
             inserts: AtomicU32::new(0),
         };
+        cache.slabs.set_pool_limit(pool_limit(budget));
         cache.rebalance();
         cache
     }
@@ -77,10 +82,16 @@ impl HostCache {
         self.rocks.usage() as u64 + self.blocks.stats().used_bytes
     }
 
-    /// Sets the budget; shrinking evicts at once (and gives the memory back to the kernel).
+    /// Sets the budget; shrinking evicts at once (and gives the memory back to the kernel,
+    /// the pool of free slots first).
     pub fn set_budget(&self, bytes: u64) {
-        self.budget.store(bytes, Ordering::Relaxed);
+        let before = self.budget.swap(bytes, Ordering::Relaxed);
+        self.slabs.set_pool_limit(pool_limit(bytes));
         self.rebalance();
+        if bytes < before {
+            // After the evictions, which freed their slots into the pool.
+            self.slabs.trim_pool();
+        }
     }
 
     /// Re-splits the budget between the two caches (see the module doc).
@@ -130,6 +141,8 @@ impl HostCache {
                 tracing::error!(error = %e, "cannot release from the block cache");
             }
         }
+        // Last: the evictions above freed their slots into the pool.
+        self.slabs.trim_pool();
         let released = self.slabs.stats().released_bytes - before;
         tracing::info!(requested = bytes, released, "released cache memory");
         released
@@ -143,6 +156,8 @@ impl HostCache {
             live_bytes,
             released_bytes,
             resident_bytes,
+            pooled_bytes,
+            pool_hits,
         } = self.slabs.stats();
         HostCacheStats {
             budget_bytes: self.budget(),
@@ -154,10 +169,18 @@ impl HostCache {
             released_bytes,
             mapped_bytes,
             live_bytes,
+            pooled_bytes,
+            pool_hits,
             rocksdb,
             blocks,
         }
     }
+}
+
+/// Free slots kept resident for a budget: enough that a cache churning at its budget reuses
+/// freed slots instead of faulting fresh pages in, little against the budget itself.
+fn pool_limit(budget: u64) -> u64 {
+    (budget / 32).clamp(1 << 20, 64 << 20)
 }
 
 impl crate::pressure::CacheBudget for HostCache {

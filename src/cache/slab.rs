@@ -8,6 +8,14 @@
 //! page-aligned and hold no page with another slot: when one is freed its pages are dropped at
 //! once with `MADV_DONTNEED` (RSS follows live bytes); when a slab has no live slot left it is
 //! unmapped.
+//!
+//! Except for a bounded pool: a cache at its budget frees a slot for every one it takes, and
+//! giving each freed slot back only to fault its pages in again on the next insert cost a
+//! minor fault, a page clear and a TLB shootdown per cached block. Up to
+//! [`SlabAllocator::set_pool_limit`] bytes of freed page slots stay resident in a per-class
+//! pool and are handed out first (zeroed by a memset, not by the kernel). The pool is the
+//! first thing given back: [`SlabAllocator::trim_pool`] (a cache release, a smaller budget,
+//! memory pressure) and a lower limit drop it at once.
 //! Larger requests get a mapping of their own. Each size class has its own lock, so there is
 //! no global lock on the allocation path.
 //!
@@ -60,8 +68,13 @@ pub struct SlabStats {
     /// Bytes given back to the kernel with MADV_DONTNEED or munmap since creation.
     pub released_bytes: u64,
     /// Bytes that may be resident: live page-multiple slots and large mappings, plus whole
-    /// slabs of sub-page classes (an upper bound: a fresh slab's untouched pages count too).
+    /// slabs of sub-page classes (an upper bound: a fresh slab's untouched pages count too),
+    /// plus the pool of free slots kept resident.
     pub resident_bytes: u64,
+    /// Free page slots kept resident for reuse (part of `resident_bytes`, not of `live_bytes`).
+    pub pooled_bytes: u64,
+    /// Allocations served from that pool (no page fault) since creation.
+    pub pool_hits: u64,
 }
 
 struct Slab {
@@ -76,6 +89,8 @@ struct Class {
     slabs: Vec<Option<Slab>>,
     /// Ids of slabs with at least one free slot.
     partial: Vec<usize>,
+    /// Freed page slots kept resident (slab id, slot): still counted live by their slab.
+    pool: Vec<(usize, u32)>,
 }
 
 struct Shared {
@@ -84,6 +99,9 @@ struct Shared {
     live: AtomicU64,
     released: AtomicU64,
     resident: AtomicU64,
+    pooled: AtomicU64,
+    pool_limit: AtomicU64,
+    pool_hits: AtomicU64,
 }
 
 // SAFETY: the raw slab pointers are only dereferenced by the owners of their slots
@@ -228,7 +246,38 @@ impl SlabAllocator {
                 live: AtomicU64::new(0),
                 released: AtomicU64::new(0),
                 resident: AtomicU64::new(0),
+                pooled: AtomicU64::new(0),
+                pool_limit: AtomicU64::new(0),
+                pool_hits: AtomicU64::new(0),
             }),
+        }
+    }
+
+    /// Keeps up to `bytes` of freed page slots resident for reuse (0, the default: none).
+    /// Lowering the limit trims the pool to it at once.
+    pub fn set_pool_limit(&self, bytes: u64) {
+        self.shared.pool_limit.store(bytes, Ordering::Relaxed);
+        if self.shared.pooled.load(Ordering::Relaxed) > bytes {
+            self.trim_pool();
+        }
+    }
+
+    /// Gives every pooled free slot back to the kernel now.
+    pub fn trim_pool(&self) {
+        for class in 0..CLASSES {
+            let pooled = {
+                let mut c = self.shared.classes[class]
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                std::mem::take(&mut c.pool)
+            };
+            let size = class_size(class);
+            for (slab, slot) in pooled {
+                // Back from the pool to live for a moment: `free_slot` frees a live slot.
+                self.shared.pooled.fetch_sub(size as u64, Ordering::Relaxed);
+                self.shared.live.fetch_add(size as u64, Ordering::Relaxed);
+                free_slot(&self.shared, class, slab, slot, None);
+            }
         }
     }
 
@@ -238,6 +287,8 @@ impl SlabAllocator {
             live_bytes: self.shared.live.load(Ordering::Relaxed),
             released_bytes: self.shared.released.load(Ordering::Relaxed),
             resident_bytes: self.shared.resident.load(Ordering::Relaxed),
+            pooled_bytes: self.shared.pooled.load(Ordering::Relaxed),
+            pool_hits: self.shared.pool_hits.load(Ordering::Relaxed),
         }
     }
 
@@ -264,6 +315,33 @@ impl SlabAllocator {
         let mut c = self.shared.classes[class]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
+        if let Some((id, slot)) = c.pool.pop() {
+            let base = c.slabs[id]
+                .as_ref()
+                .expect("pooled slots' slabs are mapped")
+                .base;
+            drop(c);
+            // SAFETY: as below: the slot lies inside its slab's mapping.
+            let ptr = unsafe { base.add(slot as usize * size) };
+            asan::unpoison(ptr, len);
+            // The slot stayed resident with its last owner's bytes: clear what the caller sees.
+            // SAFETY: the slot is `size >= len` bytes, exclusively ours from here on.
+            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+            let shared = &self.shared;
+            shared.pooled.fetch_sub(size as u64, Ordering::Relaxed);
+            shared.live.fetch_add(size as u64, Ordering::Relaxed);
+            shared.pool_hits.fetch_add(1, Ordering::Relaxed);
+            return Some(SlabBox {
+                ptr,
+                len,
+                origin: Origin::Slot {
+                    class,
+                    slab: id,
+                    slot,
+                },
+                shared: self.shared.clone(),
+            });
+        }
         let id = match c.partial.last() {
             Some(&id) => id,
             None => {
@@ -377,48 +455,64 @@ impl Drop for SlabBox {
                 shared.released.fetch_add(mapped as u64, Ordering::Relaxed);
             }
             Origin::Slot { class, slab, slot } => {
-                let size = class_size(class);
-                // Give the pages back while the slot is still exclusively ours: once it is on
-                // the free list another thread may hand it out and write to it.
-                if size >= PAGE {
-                    dont_need(self.ptr, size);
-                    shared.released.fetch_add(size as u64, Ordering::Relaxed);
-                    shared.resident.fetch_sub(size as u64, Ordering::Relaxed);
-                }
-                asan::poison(self.ptr, size);
-                shared.live.fetch_sub(size as u64, Ordering::Relaxed);
-                let mut c = shared.classes[class]
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                let s = c.slabs[slab]
-                    .as_mut()
-                    .expect("a live slot's slab is mapped");
-                s.live -= 1;
-                if s.live == 0 {
-                    let base = s.base;
-                    c.slabs[slab] = None;
-                    c.partial.retain(|&p| p != slab);
-                    drop(c);
-                    unmap(base, SLAB_SIZE);
-                    shared.mapped.fetch_sub(SLAB_SIZE as u64, Ordering::Relaxed);
-                    if size < PAGE {
-                        // Small-slot slabs go back whole, only now.
-                        shared
-                            .released
-                            .fetch_add(SLAB_SIZE as u64, Ordering::Relaxed);
-                        shared
-                            .resident
-                            .fetch_sub(SLAB_SIZE as u64, Ordering::Relaxed);
-                    }
-                    return;
-                }
-                let was_full = s.free.is_empty();
-                s.free.push(slot);
-                if was_full {
-                    c.partial.push(slab);
-                }
+                free_slot(shared, class, slab, slot, Some(self.ptr));
             }
         }
+    }
+}
+
+/// Returns a live slot: into the resident pool if it is a dropped box's (`ptr` given), a page
+/// slot and the pool has room; else to its slab, its pages to the kernel (and the slab too once
+/// empty).
+fn free_slot(shared: &Shared, class: usize, slab: usize, slot: u32, ptr: Option<NonNull<u8>>) {
+    let size = class_size(class);
+    let mut c = shared.classes[class]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let s = c.slabs[slab]
+        .as_mut()
+        .expect("a live slot's slab is mapped");
+    let may_pool = ptr.is_some();
+    // SAFETY: `slot < SLAB_SIZE / size`: inside the slab mapping.
+    let ptr = ptr.unwrap_or_else(|| unsafe { s.base.add(slot as usize * size) });
+    asan::poison(ptr, size);
+    shared.live.fetch_sub(size as u64, Ordering::Relaxed);
+    if size >= PAGE {
+        let limit = shared.pool_limit.load(Ordering::Relaxed);
+        if may_pool && shared.pooled.load(Ordering::Relaxed) + size as u64 <= limit {
+            shared.pooled.fetch_add(size as u64, Ordering::Relaxed);
+            c.pool.push((slab, slot));
+            return;
+        }
+        // Give the pages back while the slot is still exclusively ours (under the class lock
+        // it is on no free list): once it is, another thread may hand it out and write to it.
+        dont_need(ptr, size);
+        shared.released.fetch_add(size as u64, Ordering::Relaxed);
+        shared.resident.fetch_sub(size as u64, Ordering::Relaxed);
+    }
+    s.live -= 1;
+    if s.live == 0 {
+        let base = s.base;
+        c.slabs[slab] = None;
+        c.partial.retain(|&p| p != slab);
+        drop(c);
+        unmap(base, SLAB_SIZE);
+        shared.mapped.fetch_sub(SLAB_SIZE as u64, Ordering::Relaxed);
+        if size < PAGE {
+            // Small-slot slabs go back whole, only now.
+            shared
+                .released
+                .fetch_add(SLAB_SIZE as u64, Ordering::Relaxed);
+            shared
+                .resident
+                .fetch_sub(SLAB_SIZE as u64, Ordering::Relaxed);
+        }
+        return;
+    }
+    let was_full = s.free.is_empty();
+    s.free.push(slot);
+    if was_full {
+        c.partial.push(slab);
     }
 }
 
@@ -587,6 +681,54 @@ mod tests {
         drop(b);
         assert!(asan::is_poisoned(p), "a free slot is not poisoned");
         drop(keep);
+    }
+
+    #[test]
+    fn a_pool_of_free_page_slots_stays_resident_until_trimmed() {
+        let a = SlabAllocator::new();
+        a.set_pool_limit(8 * 65536);
+        let keep = a.alloc(65536).unwrap();
+        let mut boxes: Vec<_> = (0..10).map(|_| a.alloc(65536).unwrap()).collect();
+        for b in &mut boxes {
+            b.fill(0xab);
+        }
+        let before = a.stats();
+        drop(boxes);
+        let after = a.stats();
+        // 8 slots fit the pool, 2 went back to the kernel.
+        assert_eq!(after.pooled_bytes, 8 * 65536);
+        assert_eq!(after.released_bytes - before.released_bytes, 2 * 65536);
+        assert_eq!(after.live_bytes, 65536);
+        assert_eq!(after.resident_bytes, 9 * 65536);
+        // Reuse comes from the pool, zeroed.
+        let again: Vec<_> = (0..8).map(|_| a.alloc(65000).unwrap()).collect();
+        assert!(
+            again.iter().all(|b| b.iter().all(|&x| x == 0)),
+            "a pooled slot was not cleared"
+        );
+        let s = a.stats();
+        assert_eq!((s.pool_hits, s.pooled_bytes), (8, 0));
+        drop(again);
+        assert_eq!(a.stats().pooled_bytes, 8 * 65536);
+        a.trim_pool();
+        let s = a.stats();
+        assert_eq!(
+            (s.pooled_bytes, s.live_bytes, s.resident_bytes),
+            (0, 65536, 65536)
+        );
+        drop(keep);
+        assert_eq!(a.stats().pooled_bytes, 65536, "the last slot is pooled too");
+        a.trim_pool();
+        assert_eq!(a.stats().mapped_bytes, 0, "trimmed slots let the slab go");
+        // A lower limit trims at once; sub-page slots never pool.
+        a.set_pool_limit(1 << 20);
+        let small: Vec<_> = (0..4).map(|_| a.alloc(100).unwrap()).collect();
+        let page = a.alloc(4096).unwrap();
+        drop((small, page));
+        assert_eq!(a.stats().pooled_bytes, 4096);
+        a.set_pool_limit(0);
+        assert_eq!(a.stats().pooled_bytes, 0);
+        assert_eq!(a.stats().mapped_bytes, 0);
     }
 
     #[test]

@@ -410,6 +410,71 @@ pub(crate) fn set_direct_io_for_compaction_reads(opts: &mut rocksdb::Options) {
     }
 }
 
+/// Makes `cache` the store's blob cache too (rust-rocksdb takes only its own cache type).
+pub(crate) fn set_blob_cache(opts: &mut rocksdb::Options, cache: &SlabLruCache) {
+    // SAFETY: both pointers are alive for the call; the C API copies the cache's shared_ptr
+    // into the options.
+    unsafe { sys::rocksdb_options_set_blob_cache(opts.as_raw_ptr(), cache.raw()) }
+}
+
+/// Walks the keys of `cf` in `[start, end)` without reading their values: the iterator is
+/// made with `allow_unprepared_value`, so a blob value is never fetched (rust-rocksdb's
+/// ReadOptions cannot set it).
+pub(crate) fn scan_keys(
+    db: &rocksdb::DB,
+    cf: &rocksdb::ColumnFamily,
+    start: &[u8],
+    end: &[u8],
+    mut f: impl FnMut(&[u8]) -> bool,
+) -> Result<(), String> {
+    use rocksdb::AsColumnFamilyRef;
+    struct Guard {
+        opts: *mut sys::rocksdb_readoptions_t,
+        iter: *mut sys::rocksdb_iterator_t,
+    }
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            // SAFETY: both were created below, are destroyed once, here, iterator first (it
+            // refers to the options' upper bound).
+            unsafe {
+                if !self.iter.is_null() {
+                    sys::rocksdb_iter_destroy(self.iter);
+                }
+                sys::rocksdb_readoptions_destroy(self.opts);
+            }
+        }
+    }
+    // SAFETY: the options and iterator are used only in this function and freed by `Guard`;
+    // `end` outlives both (the C API keeps a pointer to the upper bound's bytes, not a copy);
+    // `db` and `cf` are open for the call; key slices are copied out before the next step.
+    unsafe {
+        let mut g = Guard {
+            opts: sys::rocksdb_readoptions_create(),
+            iter: std::ptr::null_mut(),
+        };
+        sys::rocksdb_readoptions_set_allow_unprepared_value(g.opts, 1);
+        sys::rocksdb_readoptions_set_iterate_upper_bound(g.opts, end.as_ptr().cast(), end.len());
+        g.iter = sys::rocksdb_create_iterator_cf(db.as_raw_ptr(), g.opts, cf.inner());
+        sys::rocksdb_iter_seek(g.iter, start.as_ptr().cast(), start.len());
+        while sys::rocksdb_iter_valid(g.iter) != 0 {
+            let mut len = 0usize;
+            let k = sys::rocksdb_iter_key(g.iter, &mut len);
+            if !f(std::slice::from_raw_parts(k.cast::<u8>(), len)) {
+                break;
+            }
+            sys::rocksdb_iter_next(g.iter);
+        }
+        let mut err: *mut c_char = std::ptr::null_mut();
+        sys::rocksdb_iter_get_error(g.iter, &mut err);
+        if !err.is_null() {
+            let message = std::ffi::CStr::from_ptr(err).to_string_lossy().into_owned();
+            libc::free(err.cast());
+            return Err(message);
+        }
+    }
+    Ok(())
+}
+
 /// Facts about the shim that the layout test checks against the C API.
 pub(crate) struct ShimLayout {
     pub wrapper_size: usize,

@@ -20,6 +20,9 @@ use super::ffi::{CacheChargedWriteBuffers, TableSettings};
 pub const WAL_PREALLOCATION_STEP: usize = 256 << 10;
 /// Disk a store's MANIFEST is extended by at a time.
 pub const MANIFEST_PREALLOCATION_STEP: usize = 64 << 10;
+/// Extent values this long or longer (file data: whole and most partial blocks) live in blob
+/// files; shorter ones (small file tails, base references) stay in the SSTs beside their key.
+pub const MIN_BLOB_BYTES: u64 = 2048;
 
 /// Whether stores read and write with O_DIRECT.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
@@ -155,6 +158,29 @@ impl StoreHost {
         Ok(on)
     }
 
+    /// `store` (the store's options) with what file data needs: BlobDB. A block's value is
+    /// written to the WAL, then once more into a blob file when its memtable is flushed, and
+    /// never again by compaction (only the SSTs of keys and blob references are compacted, so
+    /// a sequential write costs about two bytes on disk per byte). Blob files are encrypted by
+    /// the store's Env like every other file, read with O_DIRECT, and their values cached in
+    /// the shared block cache, one value per slab slot (a 4 KiB block in a 4 KiB slot).
+    /// Garbage collection rewrites the live values of the oldest quarter of blob files during
+    /// compaction, so overwritten and deleted blocks give their space back.
+    pub(crate) fn extents_options(&self, mut store: Options) -> Options {
+        store.set_enable_blob_files(true);
+        store.set_min_blob_size(MIN_BLOB_BYTES);
+        store.set_blob_file_size(256 << 20);
+        // File data is compressed by the deeper SST levels' LZ4 no more: blobs are written
+        // once, at flush, and most file data does not compress.
+        store.set_blob_compression_type(DBCompressionType::None);
+        store.set_enable_blob_gc(true);
+        store.set_blob_gc_age_cutoff(0.25);
+        store.set_blob_gc_force_threshold(0.5);
+        store.set_blob_compaction_readahead_size(2 << 20);
+        super::ffi::set_blob_cache(&mut store, self.cache.lru());
+        store
+    }
+
     /// Options for one tenant store (DB-wide and for each column family).
     pub(crate) fn options(&self, direct_io: bool) -> Options {
         let mut opts = Options::default();
@@ -210,11 +236,21 @@ impl StoreHost {
             },
         ));
         opts.set_keep_log_file_num(1);
-        if direct_io {
-            opts.set_use_direct_reads(true);
-            opts.set_use_direct_io_for_flush_and_compaction(true);
-            super::ffi::set_direct_io_for_compaction_reads(&mut opts);
-        }
+        opts.set_direct_io(direct_io);
         opts
+    }
+}
+
+trait DirectIoOptions {
+    fn set_direct_io(&mut self, on: bool);
+}
+
+impl DirectIoOptions for Options {
+    fn set_direct_io(&mut self, direct_io: bool) {
+        if direct_io {
+            self.set_use_direct_reads(true);
+            self.set_use_direct_io_for_flush_and_compaction(true);
+            super::ffi::set_direct_io_for_compaction_reads(self);
+        }
     }
 }

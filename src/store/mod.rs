@@ -82,7 +82,11 @@ impl StoreError {
     }
 
     fn from_rocksdb(tenant: &str, op: &'static str, e: rocksdb::Error) -> Self {
-        let detail = e.into_string();
+        Self::from_detail(tenant, op, e.into_string())
+    }
+
+    /// An error RocksDB reported as `detail` (its Status string).
+    fn from_detail(tenant: &str, op: &'static str, detail: String) -> Self {
         let tenant = tenant.to_owned();
         if detail.contains("No space left on device") {
             StoreError::NoSpace { tenant, detail }

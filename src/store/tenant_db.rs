@@ -5,6 +5,7 @@
 //! families for the filesystem model built on top of it; every error names the tenant.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
@@ -75,6 +76,8 @@ pub struct TenantDb {
     path: PathBuf,
     direct_io: bool,
     health: Arc<StoreHealth>,
+    /// A write skipped the WAL since the last sync (see [`TenantDb::write_unlogged`]).
+    unlogged: AtomicBool,
 }
 
 impl TenantDb {
@@ -110,9 +113,13 @@ impl TenantDb {
         super::ffi::add_health_listener(&mut opts, health.clone());
         opts.create_if_missing(mode == OpenMode::Create);
         opts.create_missing_column_families(mode == OpenMode::Create);
-        let families = Family::ALL
-            .iter()
-            .map(|f| ColumnFamilyDescriptor::new(f.name(), opts.clone()));
+        let families = Family::ALL.iter().map(|f| {
+            let family_opts = match f {
+                Family::Extents => host.extents_options(opts.clone()),
+                _ => opts.clone(),
+            };
+            ColumnFamilyDescriptor::new(f.name(), family_opts)
+        });
         let db = DB::open_cf_descriptors(&opts, path, families).map_err(err)?;
         tracing::debug!(tenant, direct_io, path = %path.display(), "opened tenant store");
         Ok(Self {
@@ -121,6 +128,7 @@ impl TenantDb {
             path: path.to_owned(),
             direct_io,
             health,
+            unlogged: AtomicBool::new(false),
         })
     }
 
@@ -242,6 +250,20 @@ impl TenantDb {
             .map_err(|e| StoreError::from_rocksdb(&self.tenant, "read", e))
     }
 
+    /// Calls `f` with each key of `family` with `start <= key < end`, in key order, until `f`
+    /// returns false. Values are not read: a key whose value lives in a blob file costs no
+    /// blob read (a scan of [`Self::range`] would fetch every block of a file it walks).
+    pub fn keys(
+        &self,
+        family: Family,
+        start: &[u8],
+        end: &[u8],
+        f: impl FnMut(&[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        super::ffi::scan_keys(&self.db, self.cf(family), start, end, f)
+            .map_err(|detail| StoreError::from_detail(&self.tenant, "read", detail))
+    }
+
     /// The greatest key in `family`, if any.
     pub fn last_key(&self, family: Family) -> Result<Option<Vec<u8>>, StoreError> {
         let mut it = self.db.raw_iterator_cf(self.cf(family));
@@ -296,9 +318,35 @@ impl TenantDb {
             .map_err(|e| self.write_error("write", e))
     }
 
-    /// Makes every write so far durable (syncs the WAL).
+    /// [`Self::write`] without the WAL: for bulk data, which would otherwise be written twice
+    /// (WAL, then blob file at flush). The batch is durable once its memtable is flushed:
+    /// [`Self::sync`] flushes when such a write came since the last one, and a clean close
+    /// flushes too. A crash before either loses the batch whole, never part of it (a batch
+    /// lands in one memtable, and a flush takes whole memtables); callers keep such a batch
+    /// to one family, whose state may then trail the others' after a crash.
+    pub fn write_unlogged(&self, batch: Batch<'_>) -> Result<(), StoreError> {
+        self.resume_if_stopped();
+        let mut opts = rocksdb::WriteOptions::default();
+        opts.disable_wal(true);
+        self.db
+            .write_opt(batch.inner, &opts)
+            .map_err(|e| self.write_error("write", e))?;
+        // Marked after the write: a sync that clears the mark before this write landed sees
+        // it set again, so the write is never left out of both that flush and the next.
+        self.unlogged.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes every write so far durable: syncs the WAL, after flushing the memtables if a
+    /// write skipped the WAL since the last sync.
     pub fn sync(&self) -> Result<(), StoreError> {
         self.resume_if_stopped();
+        if self.unlogged.swap(false, Ordering::AcqRel) {
+            if let Err(e) = self.flush() {
+                self.unlogged.store(true, Ordering::Release);
+                return Err(e);
+            }
+        }
         self.db
             .flush_wal(true)
             .map_err(|e| self.write_error("sync", e))
@@ -360,7 +408,7 @@ impl TenantDb {
         let cfs: Vec<_> = Family::ALL.iter().map(|f| self.cf(*f)).collect();
         self.db
             .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())
-            .map_err(|e| StoreError::from_rocksdb(&self.tenant, "flush", e))
+            .map_err(|e| self.write_error("flush", e))
     }
 
     /// Compacts every family fully (rewrites every SST).

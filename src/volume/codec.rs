@@ -3,11 +3,16 @@
 //! ```text
 //! inodes   ino (u64 BE)                      -> Attr record (below)
 //! dirents  parent ino (u64 BE) ‖ name bytes  -> child ino (u64 BE) ‖ kind (u8)
-//! extents  ino (u64 BE) ‖ block index (u64 BE) -> tag (u8) ‖ payload
-//!            tag 0: private bytes (<= block size; the rest of the block reads as zeros)
-//!            tag 1: reference to a base block (opaque to the volume: the base module's
-//!                   hash ‖ pack ‖ slot ‖ nonce ‖ tag), read through `BaseBlocks`
+//! extents  ino (u64 BE) ‖ block index (u64 BE) -> one of
+//!            private bytes: the block's bytes up to its last non-zero byte (so the value
+//!                   ends in a non-zero byte; the rest of the block reads as zeros). A full
+//!                   4 KiB block is a 4,096-byte value: one 4 KiB slot in the blob cache.
+//!            payload ‖ tag (u8) ‖ 0x00: anything else, told apart by its final zero byte;
+//!                   tag 1: reference to a base block (opaque to the volume: the base
+//!                   module's hash ‖ pack ‖ slot ‖ nonce ‖ tag), read through `BaseBlocks`
 //!          absent: a hole (reads as zeros)
+//!          Values of 2 KiB and more are kept in RocksDB blob files (BlobDB): written once at
+//!          flush, never rewritten by compaction, read with O_DIRECT (see `store::host`).
 //! meta     "volume"                          -> format version (u32 BE) ‖ block size (u32 BE)
 //!          "O" ‖ ino                         -> (empty) orphan: nlink 0, still open
 //!          "X" ‖ ino ‖ name                  -> xattr value
@@ -22,11 +27,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::{Attr, FileKind};
 
 pub(crate) const VOLUME_KEY: &[u8] = b"volume";
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// Version 2: private extent values carry no tag byte, references a trailing one (version 1
+/// put a leading tag byte before every value, so a full block took 4,097 bytes).
+pub(crate) const FORMAT_VERSION: u32 = 2;
 const ATTR_VERSION: u8 = 1;
 const ATTR_FIXED: usize = 84;
 
-pub(crate) const EXTENT_PRIVATE: u8 = 0;
 pub(crate) const EXTENT_BASE: u8 = 1;
 /// Present while a tree from a base image is being grafted into a new volume.
 pub(crate) const GRAFTING_KEY: &[u8] = b"grafting";
@@ -73,6 +79,38 @@ pub(crate) fn extent_key(ino: u64, block: u64) -> [u8; 16] {
 
 pub(crate) fn decode_extent_block(k: &[u8]) -> u64 {
     u64::from_be_bytes(k[8..16].try_into().expect("extent keys are 16 bytes"))
+}
+
+/// What an extent value holds.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Extent<'a> {
+    /// The block's bytes up to its last non-zero one.
+    Private(&'a [u8]),
+    /// A reference to a block of a base image.
+    Base(&'a [u8]),
+}
+
+/// The value of a private block holding `data` (`None`: all zeros, a hole).
+pub(crate) fn private_extent(data: &[u8]) -> Option<&[u8]> {
+    data.iter()
+        .rposition(|&x| x != 0)
+        .map(|last| &data[..=last])
+}
+
+/// The value of a block shared with a base image.
+pub(crate) fn base_extent(reference: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(reference.len() + 2);
+    v.extend_from_slice(reference);
+    v.extend_from_slice(&[EXTENT_BASE, 0]);
+    v
+}
+
+pub(crate) fn decode_extent(value: &[u8]) -> Option<Extent<'_>> {
+    match value {
+        [.., last] if *last != 0 => Some(Extent::Private(value)),
+        [reference @ .., EXTENT_BASE, 0] => Some(Extent::Base(reference)),
+        _ => None,
+    }
 }
 
 pub(crate) fn orphan_key(ino: u64) -> [u8; 9] {
@@ -197,6 +235,29 @@ mod tests {
         assert_eq!(b, a);
         assert_eq!(target, b"/target");
         assert!(decode_attr(1, &enc[..20]).is_none());
+    }
+
+    #[test]
+    fn extent_values_round_trip() {
+        let mut block = vec![0u8; 4096];
+        assert_eq!(private_extent(&block), None);
+        block[4095] = 7;
+        assert_eq!(
+            private_extent(&block).unwrap().len(),
+            4096,
+            "a full block is untagged"
+        );
+        assert_eq!(decode_extent(&block), Some(Extent::Private(&block[..])));
+        block[4095] = 0;
+        block[10] = 1;
+        let v = private_extent(&block).unwrap();
+        assert_eq!(v.len(), 11);
+        assert_eq!(decode_extent(v), Some(Extent::Private(v)));
+        let r = base_extent(b"ref\0\0");
+        assert_eq!(decode_extent(&r), Some(Extent::Base(&b"ref\0\0"[..])));
+        // Neither form: an unknown tag, an empty value.
+        assert_eq!(decode_extent(&[1, 9, 0]), None);
+        assert_eq!(decode_extent(&[]), None);
     }
 
     #[test]

@@ -103,10 +103,11 @@ impl Volume {
                 &dirent_value(ino, node.kind),
             );
             for (index, reference) in &node.blocks {
-                let mut v = Vec::with_capacity(1 + reference.len());
-                v.push(EXTENT_BASE);
-                v.extend_from_slice(reference);
-                b.put(Family::Extents, &extent_key(ino, *index), &v);
+                b.put(
+                    Family::Extents,
+                    &extent_key(ino, *index),
+                    &base_extent(reference),
+                );
             }
             if is_dir {
                 dirs.insert(node.path, attr);

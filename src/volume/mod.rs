@@ -47,6 +47,9 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 const XATTR_NAME_MAX: usize = 255;
 /// Reads of up to this many blocks (1 MiB at 4 KiB: every FUSE read) use batched point lookups.
 const MULTI_GET_BLOCKS: u64 = 256;
+/// Writes this large skip the WAL: durable at fsync (a memtable flush), not at return. Small
+/// writes stay WAL appends, durable as soon as the WAL reaches the disk.
+const UNLOGGED_WRITE_MIN: usize = 256 << 10;
 const XATTR_SIZE_MAX: usize = 64 * 1024;
 
 /// What an inode is.
@@ -213,6 +216,13 @@ pub enum VolumeError {
          delete it and create it again"
     )]
     Incomplete { tenant: String },
+    #[error(
+        "tenant {tenant} holds its files in data format {found}, which this tenantfs does not \
+         read (it reads format {known}, written since tenantfs 0.3); copy the files \
+         out with the tenantfs that wrote them, then into a tenant created by this one",
+        known = codec::FORMAT_VERSION
+    )]
+    Format { tenant: String, found: u32 },
     #[error("internal error while serving {0} (a bug: see the log)")]
     Panicked(&'static str),
     #[error(transparent)]
@@ -240,6 +250,7 @@ impl VolumeError {
             VolumeError::NoSpace => libc::ENOSPC,
             VolumeError::Damaged { .. } => libc::EIO,
             VolumeError::BaseBlock { .. }
+            | VolumeError::Format { .. }
             | VolumeError::Incomplete { .. }
             | VolumeError::Panicked(_) => libc::EIO,
             VolumeError::Store(e) if e.is_no_space() => libc::ENOSPC,
@@ -284,6 +295,13 @@ impl Volume {
         let db = tenant.db();
         match db.get(Family::Meta, VOLUME_KEY)? {
             Some(v) if v.len() == 8 => {
+                let format = u32::from_be_bytes(v[..4].try_into().unwrap());
+                if format != FORMAT_VERSION {
+                    return Err(VolumeError::Format {
+                        tenant: tenant.info().name.clone(),
+                        found: format,
+                    });
+                }
                 let stored = u32::from_be_bytes(v[4..8].try_into().unwrap());
                 if u64::from(stored) != block_size {
                     return Err(VolumeError::Damaged {
@@ -901,15 +919,9 @@ impl Volume {
     /// Puts block `index` of `ino` into `b`: stored as a hole when all zeros.
     fn put_block(&self, b: &mut crate::store::Batch<'_>, ino: u64, index: u64, data: &[u8]) {
         let key = extent_key(ino, index);
-        // Trailing zeros are implied by the block size: store only up to the last non-zero byte.
-        match data.iter().rposition(|&x| x != 0) {
+        match private_extent(data) {
             None => b.delete(Family::Extents, &key),
-            Some(last) => {
-                let mut v = Vec::with_capacity(last + 2);
-                v.push(EXTENT_PRIVATE);
-                v.extend_from_slice(&data[..=last]);
-                b.put(Family::Extents, &key, &v);
-            }
+            Some(v) => b.put(Family::Extents, &key, v),
         }
     }
 
@@ -923,27 +935,31 @@ impl Volume {
     }
 
     fn decode_block_into(&self, ino: u64, value: &[u8], out: &mut [u8]) -> Result<()> {
-        match value.split_first() {
-            Some((&EXTENT_PRIVATE, data)) if data.len() <= out.len() => {
+        match decode_extent(value) {
+            Some(Extent::Private(data)) if data.len() <= out.len() => {
                 out[..data.len()].copy_from_slice(data);
                 out[data.len()..].fill(0);
                 Ok(())
             }
-            Some((&EXTENT_BASE, reference)) => {
-                let err = |detail: String| {
-                    tracing::error!(tenant = %self.tenant.info().name, ino, %detail, "base block read failed");
-                    VolumeError::BaseBlock {
-                        tenant: self.tenant.info().name.clone(),
-                        ino,
-                        detail,
-                    }
-                };
+            Some(Extent::Base(reference)) => {
                 match &self.base {
-                    Some(base) => base.read(reference, out).map_err(err),
-                    None => Err(err("this volume was opened without its base image".into())),
+                    Some(base) => base
+                        .read(reference, out)
+                        .map_err(|detail| self.base_error(ino, detail)),
+                    None => Err(self
+                        .base_error(ino, "this volume was opened without its base image".into())),
                 }
             }
             _ => Err(self.damaged(ino)),
+        }
+    }
+
+    fn base_error(&self, ino: u64, detail: String) -> VolumeError {
+        tracing::error!(tenant = %self.tenant.info().name, ino, %detail, "base block read failed");
+        VolumeError::BaseBlock {
+            tenant: self.tenant.info().name.clone(),
+            ino,
+            detail,
         }
     }
 
@@ -993,6 +1009,15 @@ impl Volume {
     }
 
     pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.read_into(ino, offset, size, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::read`] into `out` (replacing what it held), so that a caller can reuse one
+    /// buffer: its pages stay mapped from one read to the next.
+    pub fn read_into(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
         let attr = self.getattr(ino)?;
         match attr.kind {
             FileKind::File => {}
@@ -1000,10 +1025,11 @@ impl Volume {
             _ => return Err(VolumeError::Invalid),
         }
         if offset >= attr.size || size == 0 {
-            return Ok(Vec::new()); // (an empty range: `end - 1` below would underflow)
+            return Ok(()); // (an empty range: `end - 1` below would underflow)
         }
         let end = (offset + u64::from(size)).min(attr.size);
-        let mut out = vec![0u8; (end - offset) as usize];
+        out.resize((end - offset) as usize, 0);
+        let out = &mut out[..];
         let bs = self.block_size;
         let first = offset / bs;
         let last = (end - 1) / bs;
@@ -1019,15 +1045,15 @@ impl Volume {
                 .copy_from_slice(&block[(lo - block_start) as usize..(hi - block_start) as usize]);
         };
         let mut copy = |index: u64, value: &[u8]| -> bool {
-            if value.first() == Some(&EXTENT_BASE) && self.base.is_some() {
-                base_refs.push((index, value[1..].to_vec()));
+            if let (Some(Extent::Base(reference)), Some(_)) = (decode_extent(value), &self.base) {
+                base_refs.push((index, reference.to_vec()));
                 return true;
             }
             if let Err(e) = self.decode_block_into(ino, value, &mut block) {
                 err = Some(e);
                 return false;
             }
-            place(&mut out, index, &block);
+            place(out, index, &block);
             true
         };
         let blocks = last - first + 1;
@@ -1056,19 +1082,13 @@ impl Volume {
             let mut blocks = vec![0u8; base_refs.len() * bs as usize];
             let refs: Vec<&[u8]> = base_refs.iter().map(|(_, r)| r.as_slice()).collect();
             let mut outs: Vec<&mut [u8]> = blocks.chunks_mut(bs as usize).collect();
-            base.read_many(&refs, &mut outs).map_err(|detail| {
-                tracing::error!(tenant = %self.tenant.info().name, ino, %detail, "base block read failed");
-                VolumeError::BaseBlock {
-                    tenant: self.tenant.info().name.clone(),
-                    ino,
-                    detail,
-                }
-            })?;
+            base.read_many(&refs, &mut outs)
+                .map_err(|detail| self.base_error(ino, detail))?;
             for ((index, _), block) in base_refs.iter().zip(blocks.chunks(bs as usize)) {
-                place(&mut out, *index, block);
+                place(out, *index, block);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Checks that `[offset, offset+len)` fits a file, locks the inode and loads it; the inode
@@ -1134,8 +1154,19 @@ impl Volume {
                 attr.perm &= !0o2000;
             }
         }
-        self.store_attr(&mut b, &attr, &[]);
-        self.db().write(b)?;
+        if data.len() >= UNLOGGED_WRITE_MIN {
+            // Bulk data goes to the memtable only and is written once, into a blob file at
+            // flush; fsync flushes it (see `TenantDb::write_unlogged`). The inode goes through
+            // the WAL after it: a crash before the flush leaves the new size over holes
+            // (zeros, as a file system loses unsynced data), never blocks past the size.
+            self.db().write_unlogged(b)?;
+            let mut b = self.db().batch();
+            self.store_attr(&mut b, &attr, &[]);
+            self.db().write(b)?;
+        } else {
+            self.store_attr(&mut b, &attr, &[]);
+            self.db().write(b)?;
+        }
         Ok(data.len() as u32)
     }
 
@@ -1177,11 +1208,11 @@ impl Volume {
         }
         let bs = self.block_size;
         let mut found = None;
-        self.db().range(
+        self.db().keys(
             Family::Extents,
             &extent_key(ino, offset / bs),
             &extent_key(ino, u64::MAX),
-            |k, _| {
+            |k| {
                 found = Some(decode_extent_block(k));
                 false
             },
@@ -1200,11 +1231,11 @@ impl Volume {
         }
         let bs = self.block_size;
         let mut expect = offset / bs;
-        self.db().range(
+        self.db().keys(
             Family::Extents,
             &extent_key(ino, expect),
             &extent_key(ino, u64::MAX),
-            |k, _| {
+            |k| {
                 if decode_extent_block(k) == expect {
                     expect += 1;
                     true
@@ -1323,7 +1354,7 @@ impl Volume {
     ) -> Result<()> {
         const POINT_DELETES_MAX: usize = 256;
         let mut keys = Vec::new();
-        self.db().range(family, start, end, |k, _| {
+        self.db().keys(family, start, end, |k| {
             keys.push(k.to_vec());
             keys.len() <= POINT_DELETES_MAX
         })?;
