@@ -219,7 +219,7 @@ fn main() {
     steady_budget_churn(&data);
 }
 
-/// 4. A full cache at a steady budget: every insert evicts one block. Without the pool each
+/// Part 4: a full cache at a steady budget, where every insert evicts one block. Without the pool each
 /// insert faulted a fresh page in (its slot's pages were given back at the eviction).
 fn steady_budget_churn(data: &[u8]) {
     const BUDGET: u64 = 256 << 20;
