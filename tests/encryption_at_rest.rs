@@ -132,6 +132,29 @@ fn wrong_master_key_fails_and_changes_nothing() {
     assert_eq!(tenant.db().get(Family::Meta, b"k").unwrap().unwrap(), b"v");
 }
 
+/// Reads keys `0..n` of `tenant`: each returns `want(i)` or fails as corrupt, naming the
+/// tenant; never other bytes, never missing. Returns how many failed.
+fn reads_failing_as_corrupt(
+    tenant: &tenants::Tenant,
+    name: &str,
+    n: u64,
+    want: impl Fn(u64) -> Vec<u8>,
+) -> usize {
+    let mut failures = 0;
+    for i in 0..n {
+        match tenant.db().get(Family::Extents, &key(i)) {
+            Ok(Some(v)) => assert_eq!(v, want(i), "wrong data for key {i}"),
+            Ok(None) => panic!("key {i} silently missing"),
+            Err(e) => {
+                assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
+                assert!(e.to_string().contains(&format!("tenant {name}")), "{e}");
+                failures += 1;
+            }
+        }
+    }
+    failures
+}
+
 fn flipped_sst_byte_never_returns_wrong_data(mode: DirectIo) {
     let t = TestHost::new(mode);
     tenants::create(&t.data, &t.host, "beta", None).unwrap();
@@ -158,18 +181,7 @@ fn flipped_sst_byte_never_returns_wrong_data(mode: DirectIo) {
     std::fs::write(&sst[0], &bytes).unwrap();
 
     let tenant = tenants::open(&t.data, &t.host, "beta").unwrap();
-    let mut failures = 0;
-    for i in 0..n {
-        match tenant.db().get(Family::Extents, &key(i)) {
-            Ok(Some(v)) => assert_eq!(v, value(i)[..300], "wrong data for key {i}"),
-            Ok(None) => panic!("key {i} silently missing"),
-            Err(e) => {
-                assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
-                assert!(e.to_string().contains("tenant beta"), "{e}");
-                failures += 1;
-            }
-        }
-    }
+    let failures = reads_failing_as_corrupt(&tenant, "beta", n, |i| value(i)[..300].to_vec());
     assert!(failures > 0, "a flipped byte went unnoticed");
     // A scan over the damaged range fails too, naming the tenant.
     let err = tenant
@@ -217,18 +229,7 @@ fn flipped_blob_byte_never_returns_wrong_data(mode: DirectIo) {
     std::fs::write(&blobs[0], &bytes).unwrap();
 
     let tenant = tenants::open(&t.data, &t.host, "gamma").unwrap();
-    let mut failures = 0;
-    for i in 0..n {
-        match tenant.db().get(Family::Extents, &key(i)) {
-            Ok(Some(v)) => assert_eq!(v, value(i), "wrong data for key {i}"),
-            Ok(None) => panic!("key {i} silently missing"),
-            Err(e) => {
-                assert!(matches!(e, StoreError::Corrupt { .. }), "{e}");
-                assert!(e.to_string().contains("tenant gamma"), "{e}");
-                failures += 1;
-            }
-        }
-    }
+    let failures = reads_failing_as_corrupt(&tenant, "gamma", n, value);
     assert_eq!(failures, 1, "one damaged value, found by its checksum");
 }
 

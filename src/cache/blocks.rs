@@ -238,7 +238,9 @@ impl BlockCache {
     pub fn set_budget(&self, bytes: usize) -> Result<(), CacheError> {
         // foyer's resize starts a thread per shard: skip it when nothing changes (the host
         // cache re-splits its budget on every governor tick).
-        if self.budget.load(Ordering::Relaxed) == bytes as u64 && self.cache.capacity() == bytes {
+        // (foyer's own `capacity()` keeps the construction value, so the budget we recorded
+        // after the last successful resize is what is compared.)
+        if self.budget.load(Ordering::Relaxed) == bytes as u64 {
             return Ok(());
         }
         self.cache.resize(bytes).map_err(|e| CacheError::Budget {

@@ -265,18 +265,27 @@ impl SlabAllocator {
     /// Gives every pooled free slot back to the kernel now.
     pub fn trim_pool(&self) {
         for class in 0..CLASSES {
-            let pooled = {
+            let size = class_size(class);
+            let pooled: Vec<_> = {
                 let mut c = self.shared.classes[class]
                     .lock()
                     .unwrap_or_else(|p| p.into_inner());
-                std::mem::take(&mut c.pool)
+                let pool = std::mem::take(&mut c.pool);
+                pool.into_iter()
+                    .map(|(slab, slot)| {
+                        let base = c.slabs[slab]
+                            .as_ref()
+                            .expect("pooled slots' slabs are mapped");
+                        // SAFETY: `slot < SLAB_SIZE / size`: inside the slab mapping.
+                        (slab, slot, unsafe { base.base.add(slot as usize * size) })
+                    })
+                    .collect()
             };
-            let size = class_size(class);
-            for (slab, slot) in pooled {
+            for (slab, slot, ptr) in pooled {
                 // Back from the pool to live for a moment: `free_slot` frees a live slot.
                 self.shared.pooled.fetch_sub(size as u64, Ordering::Relaxed);
                 self.shared.live.fetch_add(size as u64, Ordering::Relaxed);
-                free_slot(&self.shared, class, slab, slot, None);
+                free_slot(&self.shared, class, slab, slot, ptr, false);
             }
         }
     }
@@ -312,6 +321,38 @@ impl SlabAllocator {
             });
         };
         let size = class_size(class);
+        let (id, slot, ptr, pooled) = self.take_slot(class, size)?;
+        asan::unpoison(ptr, len);
+        let shared = &self.shared;
+        shared.live.fetch_add(size as u64, Ordering::Relaxed);
+        if pooled {
+            shared.pooled.fetch_sub(size as u64, Ordering::Relaxed);
+            shared.pool_hits.fetch_add(1, Ordering::Relaxed);
+        } else if size >= PAGE {
+            shared.resident.fetch_add(size as u64, Ordering::Relaxed);
+        }
+        // Sub-page slots and pooled page slots may hold an earlier allocation's bytes (other
+        // page slots were DONTNEED'd and read as zeros, fresh mappings are zero): clear what the
+        // caller will see.
+        if pooled || size < PAGE {
+            // SAFETY: the slot is `size >= len` bytes, exclusively ours from here on.
+            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+        }
+        Some(SlabBox {
+            ptr,
+            len,
+            origin: Origin::Slot {
+                class,
+                slab: id,
+                slot,
+            },
+            shared: self.shared.clone(),
+        })
+    }
+
+    /// A free slot of `class`: from the resident pool if it has one (`true`), else from a
+    /// slab with room, mapping a new slab when none has. `None` when the kernel refuses.
+    fn take_slot(&self, class: usize, size: usize) -> Option<(usize, u32, NonNull<u8>, bool)> {
         let mut c = self.shared.classes[class]
             .lock()
             .unwrap_or_else(|p| p.into_inner());
@@ -320,27 +361,9 @@ impl SlabAllocator {
                 .as_ref()
                 .expect("pooled slots' slabs are mapped")
                 .base;
-            drop(c);
-            // SAFETY: as below: the slot lies inside its slab's mapping.
-            let ptr = unsafe { base.add(slot as usize * size) };
-            asan::unpoison(ptr, len);
-            // The slot stayed resident with its last owner's bytes: clear what the caller sees.
-            // SAFETY: the slot is `size >= len` bytes, exclusively ours from here on.
-            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
-            let shared = &self.shared;
-            shared.pooled.fetch_sub(size as u64, Ordering::Relaxed);
-            shared.live.fetch_add(size as u64, Ordering::Relaxed);
-            shared.pool_hits.fetch_add(1, Ordering::Relaxed);
-            return Some(SlabBox {
-                ptr,
-                len,
-                origin: Origin::Slot {
-                    class,
-                    slab: id,
-                    slot,
-                },
-                shared: self.shared.clone(),
-            });
+            // SAFETY: a pooled slot is `< SLAB_SIZE / size` of its slab, which stays mapped
+            // while the slot is counted live.
+            return Some((id, slot, unsafe { base.add(slot as usize * size) }, true));
         }
         let id = match c.partial.last() {
             Some(&id) => id,
@@ -380,33 +403,10 @@ impl SlabAllocator {
         slab.live += 1;
         // SAFETY: `slot < SLAB_SIZE / size`, so the offset stays inside the slab mapping.
         let ptr = unsafe { slab.base.add(slot as usize * size) };
-        asan::unpoison(ptr, len);
         if slab.free.is_empty() {
             c.partial.retain(|&p| p != id);
         }
-        drop(c);
-        self.shared.live.fetch_add(size as u64, Ordering::Relaxed);
-        if size >= PAGE {
-            self.shared
-                .resident
-                .fetch_add(size as u64, Ordering::Relaxed);
-        }
-        // Sub-page slots may hold an earlier allocation's bytes (page slots were DONTNEED'd and
-        // read as zeros, fresh mappings are zero): clear what the caller will see.
-        if size < PAGE {
-            // SAFETY: the slot is `size >= len` bytes, exclusively ours from here on.
-            unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
-        }
-        Some(SlabBox {
-            ptr,
-            len,
-            origin: Origin::Slot {
-                class,
-                slab: id,
-                slot,
-            },
-            shared: self.shared.clone(),
-        })
+        Some((id, slot, ptr, false))
     }
 }
 
@@ -455,41 +455,55 @@ impl Drop for SlabBox {
                 shared.released.fetch_add(mapped as u64, Ordering::Relaxed);
             }
             Origin::Slot { class, slab, slot } => {
-                free_slot(shared, class, slab, slot, Some(self.ptr));
+                free_slot(shared, class, slab, slot, self.ptr, true);
             }
         }
     }
 }
 
-/// Returns a live slot: into the resident pool if it is a dropped box's (`ptr` given), a page
-/// slot and the pool has room; else to its slab, its pages to the kernel (and the slab too once
-/// empty).
-fn free_slot(shared: &Shared, class: usize, slab: usize, slot: u32, ptr: Option<NonNull<u8>>) {
+/// Returns the live slot at `ptr`: into the resident pool if `may_pool` (a dropped box's),
+/// it is a page slot and the pool has room; else to its slab, its pages to the kernel (and the
+/// slab too once empty).
+fn free_slot(
+    shared: &Shared,
+    class: usize,
+    slab: usize,
+    slot: u32,
+    ptr: NonNull<u8>,
+    may_pool: bool,
+) {
     let size = class_size(class);
+    asan::poison(ptr, size);
+    shared.live.fetch_sub(size as u64, Ordering::Relaxed);
+    if size >= PAGE {
+        let limit = shared.pool_limit.load(Ordering::Relaxed);
+        // Room is reserved before the slot goes in, so racing frees never overfill the pool.
+        if may_pool
+            && shared.pooled.fetch_add(size as u64, Ordering::Relaxed) + size as u64 <= limit
+        {
+            shared.classes[class]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .pool
+                .push((slab, slot));
+            return;
+        }
+        if may_pool {
+            shared.pooled.fetch_sub(size as u64, Ordering::Relaxed);
+        }
+        // Give the pages back while the slot is still exclusively ours (it is on no free
+        // list yet, and no lock is held for the syscall): once it is, another thread may hand
+        // it out and write to it.
+        dont_need(ptr, size);
+        shared.released.fetch_add(size as u64, Ordering::Relaxed);
+        shared.resident.fetch_sub(size as u64, Ordering::Relaxed);
+    }
     let mut c = shared.classes[class]
         .lock()
         .unwrap_or_else(|p| p.into_inner());
     let s = c.slabs[slab]
         .as_mut()
         .expect("a live slot's slab is mapped");
-    let may_pool = ptr.is_some();
-    // SAFETY: `slot < SLAB_SIZE / size`: inside the slab mapping.
-    let ptr = ptr.unwrap_or_else(|| unsafe { s.base.add(slot as usize * size) });
-    asan::poison(ptr, size);
-    shared.live.fetch_sub(size as u64, Ordering::Relaxed);
-    if size >= PAGE {
-        let limit = shared.pool_limit.load(Ordering::Relaxed);
-        if may_pool && shared.pooled.load(Ordering::Relaxed) + size as u64 <= limit {
-            shared.pooled.fetch_add(size as u64, Ordering::Relaxed);
-            c.pool.push((slab, slot));
-            return;
-        }
-        // Give the pages back while the slot is still exclusively ours (under the class lock
-        // it is on no free list): once it is, another thread may hand it out and write to it.
-        dont_need(ptr, size);
-        shared.released.fetch_add(size as u64, Ordering::Relaxed);
-        shared.resident.fetch_sub(size as u64, Ordering::Relaxed);
-    }
     s.live -= 1;
     if s.live == 0 {
         let base = s.base;
