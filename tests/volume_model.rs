@@ -1801,3 +1801,179 @@ fn a_store_of_the_old_data_format_is_refused() {
         old_meta
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// kill -9 during blob garbage collection.
+
+const GC_CHILD_ENV: &str = "TENANTFS_TEST_GC_CHILD";
+const GC_KEEP: usize = 32 << 20;
+const GC_CHURN: usize = 8 << 20;
+
+fn gc_file(vol: &Volume, name: &str) -> u64 {
+    match vol.lookup(ROOT_INO, name.as_bytes()) {
+        Ok(a) => a.ino,
+        Err(_) => {
+            vol.mknod(ROOT_INO, name.as_bytes(), FileKind::File, 0o644, OWNER, 0)
+                .unwrap()
+                .ino
+        }
+    }
+}
+
+fn gc_write(vol: &Volume, name: &str, data: &[u8]) {
+    let ino = gc_file(vol, name);
+    for (i, chunk) in data.chunks(1 << 20).enumerate() {
+        vol.write(ino, (i << 20) as u64, chunk).unwrap();
+    }
+}
+
+fn gc_read(vol: &Volume, name: &str, len: usize) -> Vec<u8> {
+    let ino = vol.lookup(ROOT_INO, name.as_bytes()).unwrap().ino;
+    assert_eq!(vol.getattr(ino).unwrap().size, len as u64, "{name}: size");
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    while out.len() < len {
+        vol.read_into(ino, out.len() as u64, 1 << 20, &mut buf)
+            .unwrap();
+        assert!(!buf.is_empty(), "{name}: short read at {}", out.len());
+        out.extend_from_slice(&buf);
+    }
+    out
+}
+
+fn blob_files(dir: &std::path::Path) -> Vec<(String, u64)> {
+    common::files_under(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "blob"))
+        .map(|p| {
+            let len = std::fs::metadata(&p).unwrap().len();
+            (p.file_name().unwrap().to_string_lossy().into_owned(), len)
+        })
+        .collect()
+}
+
+/// The child: one more synced overwrite of `churn` (its content named by the trial), then
+/// blob GC over and over, each run announced on stdout, until killed.
+fn gc_child(root: &str, trial: u64) {
+    let data = tenantfs::data_dir::DataDir::open(std::path::Path::new(root), None).unwrap();
+    let host = tenantfs::store::StoreHost::builder()
+        .block_cache_bytes(64 << 20)
+        .build();
+    let vol = Volume::open(tenants::open(&data, &host, "gc").unwrap()).unwrap();
+    gc_write(&vol, "churn", &noise(1000 + trial, GC_CHURN));
+    vol.fsync().unwrap();
+    for i in 0.. {
+        println!("GC start {i}");
+        vol.tenant().db().collect_blob_garbage();
+        println!("GC done {i}");
+    }
+}
+
+/// Blob GC moves live file data from old blob files into new ones while it deletes the old:
+/// a kill -9 at any point of it loses nothing that was synced, the partial blob file it was
+/// writing is deleted at the next open (RocksDB itself keeps it forever), and the space of
+/// overwritten data comes back once GC completes.
+#[test]
+fn kill9_during_blob_garbage_collection_loses_nothing_synced() {
+    if let Ok(spec) = std::env::var(GC_CHILD_ENV) {
+        let (root, trial) = spec.split_once(':').unwrap();
+        gc_child(root, trial.parse().unwrap());
+        return;
+    }
+    let t = TestHost::new(DirectIo::Auto);
+    let keep = noise(7, GC_KEEP);
+    let store_dir = {
+        let vol = open_volume(&t, "gc");
+        // `keep` goes into the oldest blob files and stays live; `churn` is overwritten with a
+        // sync each time, so every flush makes a blob file and older ones fill with garbage.
+        gc_write(&vol, "keep", &keep);
+        vol.fsync().unwrap();
+        for round in 0..5 {
+            gc_write(&vol, "churn", &noise(100 + round, GC_CHURN));
+            vol.fsync().unwrap();
+        }
+        drop(vol);
+        tenantfs::data_dir::tenants_dir(&t.root).join("gc")
+    };
+    let mut killed_mid_gc = 0;
+    for (trial, delay_ms) in [(1u64, 40u64), (2, 150), (3, 400)] {
+        let before = blob_files(&store_dir);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "kill9_during_blob_garbage_collection_loses_nothing_synced",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(GC_CHILD_ENV, format!("{}:{trial}", t.root.display()))
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let reader = {
+            let lines = lines.clone();
+            let out = child.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    if l.starts_with("GC ") {
+                        lines.lock().unwrap().push(l);
+                    }
+                }
+            })
+        };
+        let t0 = std::time::Instant::now();
+        while lines.lock().unwrap().is_empty() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "the child never started GC"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        let last = lines.lock().unwrap().last().cloned().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        reader.join().unwrap();
+        if last.starts_with("GC start") {
+            killed_mid_gc += 1;
+        }
+        let vol = open_volume(&t, "gc");
+        assert!(
+            gc_read(&vol, "keep", GC_KEEP) == keep,
+            "trial {trial}: keep changed"
+        );
+        assert!(
+            gc_read(&vol, "churn", GC_CHURN) == noise(1000 + trial, GC_CHURN),
+            "trial {trial}: churn is not its last synced content"
+        );
+        let after = blob_files(&store_dir);
+        assert_ne!(before, after, "trial {trial}: GC changed no blob file");
+        // The blob file the killed GC was writing is referenced by nothing: deleted at open.
+        let live = (GC_KEEP + GC_CHURN) as u64;
+        let blob_bytes: u64 = after.iter().map(|(_, l)| l).sum();
+        assert!(
+            blob_bytes < live + live / 4,
+            "trial {trial}: {blob_bytes} bytes of blob files for {live} live bytes: {after:?}"
+        );
+    }
+    assert!(
+        killed_mid_gc >= 2,
+        "only {killed_mid_gc} of 3 kills landed inside a GC run"
+    );
+    // A GC that runs to its end gives the space of the overwritten data back.
+    let vol = open_volume(&t, "gc");
+    vol.tenant().db().collect_blob_garbage();
+    let live = (GC_KEEP + GC_CHURN) as u64;
+    let blob_bytes: u64 = blob_files(&store_dir).iter().map(|(_, l)| l).sum();
+    assert!(
+        blob_bytes < live + live / 4,
+        "blob files hold {blob_bytes} bytes for {live} live bytes after GC: {:?}",
+        blob_files(&store_dir)
+    );
+    assert!(gc_read(&vol, "keep", GC_KEEP) == keep);
+}

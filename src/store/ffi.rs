@@ -63,6 +63,11 @@ extern "C" {
         health: *const c_void,
     );
     fn tenantfs_db_resume(db: *mut sys::rocksdb_t) -> *mut c_char;
+    fn tenantfs_db_delete_orphan_blob_files(
+        db: *mut sys::rocksdb_t,
+        bytes: *mut u64,
+        err: *mut *mut c_char,
+    ) -> i32;
 }
 
 /// A RocksDB LRU cache whose blocks live in slab memory (see `shim.cc`).
@@ -338,6 +343,25 @@ pub(crate) fn resume(db: &rocksdb::DB) -> Result<(), String> {
     }
 }
 
+/// Deletes the blob files no version of the store references (the partial output of a flush
+/// or compaction killed mid-way, which RocksDB keeps forever); returns (files, bytes).
+pub(crate) fn delete_orphan_blob_files(db: &rocksdb::DB) -> Result<(u32, u64), String> {
+    let mut bytes = 0u64;
+    let mut err: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `db` is open for the call; the shim pauses and resumes its background work and
+    // only writes the two out-pointers, which are valid locals.
+    let n = unsafe { tenantfs_db_delete_orphan_blob_files(db.as_raw_ptr(), &mut bytes, &mut err) };
+    if n >= 0 {
+        return Ok((n as u32, bytes));
+    }
+    // SAFETY: a NUL-terminated string the shim allocated with strdup; freed once, here.
+    unsafe {
+        let message = std::ffi::CStr::from_ptr(err).to_string_lossy().into_owned();
+        libc::free(err.cast());
+        Err(message)
+    }
+}
+
 #[no_mangle]
 extern "C" fn tenantfs_store_stopped(
     health: *const c_void,
@@ -407,6 +431,35 @@ pub(crate) fn set_direct_io_for_compaction_reads(opts: &mut rocksdb::Options) {
             opts.as_raw_ptr(),
             1,
         );
+    }
+}
+
+/// Compacts `cf` fully and rewrites every blob file it references (blob GC forced with an age
+/// cutoff of 1.0): live blobs move to new files and the old files go. rust-rocksdb's
+/// `CompactOptions` does not wrap the blob GC settings. (The C API reports no error for a
+/// manual compaction; a failed one shows in the store's health.)
+pub(crate) fn compact_with_blob_gc(db: &rocksdb::DB, cf: &rocksdb::ColumnFamily) {
+    use rocksdb::AsColumnFamilyRef;
+    // BottommostLevelCompaction::kForce and BlobGarbageCollectionPolicy::kForce (options.h).
+    const BOTTOMMOST_FORCE: u8 = 2;
+    const BLOB_GC_FORCE: i32 = 0;
+    // SAFETY: the options are created, used and destroyed here; `db` and `cf` are open for the
+    // call, which only reads them.
+    unsafe {
+        let opts = sys::rocksdb_compactoptions_create();
+        sys::rocksdb_compactoptions_set_bottommost_level_compaction(opts, BOTTOMMOST_FORCE);
+        sys::rocksdb_compactoptions_set_blob_garbage_collection_policy(opts, BLOB_GC_FORCE);
+        sys::rocksdb_compactoptions_set_blob_garbage_collection_age_cutoff(opts, 1.0);
+        sys::rocksdb_compact_range_cf_opt(
+            db.as_raw_ptr(),
+            cf.inner(),
+            opts,
+            std::ptr::null(),
+            0,
+            std::ptr::null(),
+            0,
+        );
+        sys::rocksdb_compactoptions_destroy(opts);
     }
 }
 

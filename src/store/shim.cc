@@ -15,7 +15,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "rocksdb/advanced_cache.h"
 #include "rocksdb/cache.h"
@@ -24,6 +26,7 @@
 #include "rocksdb/env_encryption.h"
 #include "rocksdb/listener.h"
 #include "rocksdb/memory_allocator.h"
+#include "rocksdb/metadata.h"
 #include "rocksdb/options.h"
 #include "rocksdb/status.h"
 
@@ -397,6 +400,58 @@ void tenantfs_options_add_health_listener(rocksdb_options_t* opts,
 char* tenantfs_db_resume(rocksdb_t* db) {
   Status s = db->rep->Resume();
   return s.ok() ? nullptr : strdup(s.ToString().c_str());
+}
+
+// Deletes blob files that no version of the store references: the partial output of a flush
+// or compaction killed before it finished. RocksDB 11.8 keeps any blob file without a footer
+// on purge (it could be an in-flight direct-write file), so these would stay forever. Background
+// work is paused meanwhile, so no running job can own an unreferenced file. Returns the number
+// of files deleted and adds their bytes to *bytes; -1 when the store could not be listed (the
+// error in *err, free it with free()).
+int tenantfs_db_delete_orphan_blob_files(rocksdb_t* db, uint64_t* bytes, char** err) {
+  DB* d = db->rep;
+  Status s = d->PauseBackgroundWork();
+  if (!s.ok()) {
+    *err = strdup(s.ToString().c_str());
+    return -1;
+  }
+  std::vector<ROCKSDB_NAMESPACE::ColumnFamilyMetaData> metas;
+  d->GetAllColumnFamilyMetaData(&metas);
+  std::set<uint64_t> live;
+  for (const auto& m : metas) {
+    for (const auto& b : m.blob_files) {
+      live.insert(b.blob_file_number);
+    }
+  }
+  const std::string dir = d->GetName();
+  std::vector<std::string> names;
+  s = d->GetEnv()->GetChildren(dir, &names);
+  int deleted = 0;
+  if (s.ok()) {
+    for (const auto& name : names) {
+      const size_t dot = name.find(".blob");
+      if (dot == std::string::npos || dot + 5 != name.size() || dot == 0 ||
+          name.find_first_not_of("0123456789") != dot) {
+        continue;
+      }
+      const uint64_t number = std::strtoull(name.c_str(), nullptr, 10);
+      if (live.count(number) != 0) {
+        continue;
+      }
+      const std::string path = dir + "/" + name;
+      uint64_t size = 0;
+      if (d->GetEnv()->GetFileSize(path, &size).ok() && d->GetEnv()->DeleteFile(path).ok()) {
+        *bytes += size;
+        deleted++;
+      }
+    }
+  }
+  Status resumed = d->ContinueBackgroundWork();
+  if (!s.ok() || !resumed.ok()) {
+    *err = strdup((s.ok() ? resumed : s).ToString().c_str());
+    return -1;
+  }
+  return deleted;
 }
 
 // Used by the layout test: whether the cache's blocks are allocated by the slab allocator.

@@ -122,6 +122,17 @@ impl TenantDb {
         });
         let db = DB::open_cf_descriptors(&opts, path, families).map_err(err)?;
         tracing::debug!(tenant, direct_io, path = %path.display(), "opened tenant store");
+        // A flush or compaction killed mid-way leaves a blob file nothing references.
+        match super::ffi::delete_orphan_blob_files(&db) {
+            Ok((0, _)) => {}
+            Ok((files, bytes)) => tracing::info!(
+                tenant,
+                files,
+                bytes,
+                "deleted the partial blob files of an interrupted flush or compaction"
+            ),
+            Err(e) => tracing::warn!(tenant, error = %e, "cannot look for orphaned blob files"),
+        }
         Ok(Self {
             db,
             tenant: tenant.to_owned(),
@@ -409,6 +420,12 @@ impl TenantDb {
         self.db
             .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())
             .map_err(|e| self.write_error("flush", e))
+    }
+
+    /// Compacts the extents family fully and garbage-collects every blob file: live file data
+    /// moves into new blob files, the space of overwritten and deleted data comes back.
+    pub fn collect_blob_garbage(&self) {
+        super::ffi::compact_with_blob_gc(&self.db, self.cf(Family::Extents));
     }
 
     /// Compacts every family fully (rewrites every SST).

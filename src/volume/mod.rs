@@ -10,6 +10,7 @@
 mod codec;
 mod graft;
 mod locks;
+mod readahead;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,7 @@ use crate::tenants::Tenant;
 use codec::*;
 pub use graft::GraftNode;
 use locks::InodeLocks;
+use readahead::{Jobs, Readahead};
 
 /// Where a volume reads the blocks it shares with a base image (extents tagged as base
 /// references). The volume treats a reference as opaque bytes.
@@ -263,7 +265,8 @@ type Result<T> = std::result::Result<T, VolumeError>;
 
 /// A mounted-or-mountable tenant filesystem.
 pub struct Volume {
-    tenant: Tenant,
+    /// Shared with read-ahead jobs while they run (see `readahead`).
+    tenant: Arc<Tenant>,
     block_size: u64,
     next_ino: AtomicU64,
     /// Serialises namespace changes (create, unlink, rename, link), which check and then change
@@ -271,6 +274,8 @@ pub struct Volume {
     namespace: Mutex<()>,
     inodes: InodeLocks,
     base: Option<Arc<dyn BaseBlocks>>,
+    readahead: Readahead,
+    readahead_jobs: Arc<Jobs>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -281,6 +286,16 @@ fn check_name(name: &[u8]) -> Result<()> {
         return Err(VolumeError::NameTooLong);
     }
     Ok(())
+}
+
+/// Clears setuid, and setgid when group-executable, as a write, truncate or chown by an
+/// unprivileged caller does. The mount handles this itself (FUSE_HANDLE_KILLPRIV), which
+/// spares the kernel a GETATTR before every chown.
+fn kill_privileges(attr: &mut Attr) {
+    attr.perm &= !0o4000;
+    if attr.perm & 0o010 != 0 {
+        attr.perm &= !0o2000;
+    }
 }
 
 fn now() -> SystemTime {
@@ -355,12 +370,14 @@ impl Volume {
             })
             .unwrap_or(ROOT_INO);
         let volume = Self {
-            tenant,
+            tenant: Arc::new(tenant),
             block_size,
             next_ino: AtomicU64::new(max_ino + 1),
             namespace: Mutex::new(()),
             inodes: InodeLocks::new(),
             base: None,
+            readahead: Readahead::default(),
+            readahead_jobs: Arc::default(),
         };
         if volume.db().get(Family::Meta, GRAFTING_KEY)?.is_some() {
             return Err(VolumeError::Incomplete {
@@ -909,6 +926,10 @@ impl Volume {
         if let Some(m) = set.mtime {
             attr.mtime = m;
         }
+        let changes_owner_or_size = set.size.is_some() || set.uid.is_some() || set.gid.is_some();
+        if attr.kind == FileKind::File && changes_owner_or_size && set.perm.is_none() {
+            kill_privileges(&mut attr);
+        }
         attr.ctime = set.ctime.unwrap_or(t);
         self.store_attr(&mut b, &attr, &target);
         self.db().write(b)?;
@@ -1033,6 +1054,15 @@ impl Volume {
         let bs = self.block_size;
         let first = offset / bs;
         let last = (end - 1) / bs;
+        let plan = self.readahead.plan(ino, offset, end, attr.size);
+        if let Some((from, to)) = plan.background {
+            self.read_ahead(ino, from, to);
+        }
+        // Blocks past `last` are looked up only to bring them into the cache.
+        let fetch_last = ((plan.sync_end - 1) / bs)
+            .max(last)
+            .min(first + MULTI_GET_BLOCKS - 1)
+            .max(last);
         let mut block = vec![0u8; bs as usize];
         let mut err = None;
         // Blocks shared with a base image are fetched together after the lookups.
@@ -1045,6 +1075,9 @@ impl Volume {
                 .copy_from_slice(&block[(lo - block_start) as usize..(hi - block_start) as usize]);
         };
         let mut copy = |index: u64, value: &[u8]| -> bool {
+            if index > last {
+                return true;
+            }
             if let (Some(Extent::Base(reference)), Some(_)) = (decode_extent(value), &self.base) {
                 base_refs.push((index, reference.to_vec()));
                 return true;
@@ -1060,7 +1093,7 @@ impl Volume {
         if blocks <= MULTI_GET_BLOCKS {
             // Point lookups use the bloom filters; an iterator would visit every SST whose key
             // range overlaps the file, which after overwrites can be many.
-            let keys: Vec<[u8; 16]> = (first..=last).map(|b| extent_key(ino, b)).collect();
+            let keys: Vec<[u8; 16]> = (first..=fetch_last).map(|b| extent_key(ino, b)).collect();
             self.db().multi_get(Family::Extents, &keys, |i, v| {
                 copy(first + i as u64, v);
             })?;
@@ -1089,6 +1122,27 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// Fetches bytes `[from, to)` of `ino` into the cache in the background, in chunks that
+    /// the pool reads at once.
+    fn read_ahead(&self, ino: u64, from: u64, to: u64) {
+        let bs = self.block_size;
+        let chunk_blocks = (readahead::CHUNK / bs).max(1);
+        let mut block = from / bs;
+        let end_block = to.div_ceil(bs);
+        while block < end_block {
+            let upto = (block + chunk_blocks).min(end_block);
+            let keys: Vec<[u8; 16]> = (block..upto).map(|b| extent_key(ino, b)).collect();
+            let queued = readahead::submit(&self.readahead_jobs, &self.tenant, move |t| {
+                // A hint: a failed fetch is the reader's to see and report.
+                let _ = t.db().multi_get(Family::Extents, &keys, |_, _| {});
+            });
+            if !queued {
+                return;
+            }
+            block = upto;
+        }
     }
 
     /// Checks that `[offset, offset+len)` fits a file, locks the inode and loads it; the inode
@@ -1146,14 +1200,7 @@ impl Volume {
         attr.size = attr.size.max(end);
         attr.mtime = t;
         attr.ctime = t;
-        // Writing clears setuid, and setgid when group-executable (as the kernel expects when
-        // the filesystem does not handle killpriv itself).
-        if attr.perm & 0o4000 != 0 || attr.perm & 0o2010 == 0o2010 {
-            attr.perm &= !0o4000;
-            if attr.perm & 0o010 != 0 {
-                attr.perm &= !0o2000;
-            }
-        }
+        kill_privileges(&mut attr);
         if data.len() >= UNLOGGED_WRITE_MIN {
             // Bulk data goes to the memtable only and is written once, into a blob file at
             // flush; fsync flushes it (see `TenantDb::write_unlogged`). The inode goes through
@@ -1406,6 +1453,8 @@ impl Volume {
 
 impl Drop for Volume {
     fn drop(&mut self) {
+        // Read-ahead jobs hold the store while they run: none may outlive the volume.
+        self.readahead_jobs.close();
         // Unmount or shutdown: make the WAL durable before the store closes.
         if let Err(e) = self.fsync() {
             tracing::error!(tenant = %self.tenant.info().name, error = %e, "final sync failed");

@@ -1,0 +1,296 @@
+//! Read-ahead for files read sequentially.
+//!
+//! Mounts default to FOPEN_DIRECT_IO, so the kernel's own read-ahead never runs: every read
+//! reaches the volume as it was issued (tar reads 10 KiB at a time, fio 1 MiB), and a cold
+//! read waits for the disk once per request. A file read from its start, or from where the
+//! last read of it ended, is a stream: its first read also looks up the blocks of the next
+//! [`FIRST_WINDOW`] in the same multi-get (RocksDB merges adjacent blob reads into one I/O),
+//! and its later reads keep a window ahead of the reader, growing to [`MAX_WINDOW`], fetched in
+//! [`CHUNK`]-sized multi-gets on a small pool of host-wide threads. Fetched values land in the
+//! shared cache (the blob cache), where the reader's own lookups find them; nothing is kept
+//! here but positions.
+//!
+//! The pool threads start on first use and are shared by every volume of the process; a job
+//! holds its volume's store only while it runs, and a volume being dropped waits for its
+//! running jobs ([`Jobs::close`]) so the store is closed, and its lock released, when the
+//! volume is gone.
+
+use std::collections::HashMap;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+
+use crate::tenants::Tenant;
+
+/// What the first read of a stream adds to its own lookups.
+pub(crate) const FIRST_WINDOW: u64 = 128 << 10;
+/// The most a stream reads ahead of its reader.
+pub(crate) const MAX_WINDOW: u64 = 8 << 20;
+/// Bytes per background multi-get: several run at once, one per pool thread.
+pub(crate) const CHUNK: u64 = 256 << 10;
+/// Pool threads (each runs one multi-get at a time: the disk sees this many reads in flight).
+const THREADS: usize = 4;
+/// Jobs waiting for a thread; when full, read-ahead is skipped (the reader reads itself).
+const QUEUE: usize = 64;
+/// Files tracked per volume; past this the positions are forgotten and streams start again.
+const MAX_STREAMS: usize = 4096;
+
+/// One file's sequential position.
+struct Stream {
+    /// Where the next read starts if the reader goes on sequentially.
+    next: u64,
+    /// Bytes up to here were read or requested already.
+    ahead: u64,
+    /// How far ahead of the reader to keep `ahead`.
+    window: u64,
+}
+
+/// What one read should look up.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// The read's own lookups extend to this byte (>= the read's end, <= the file's size).
+    pub sync_end: u64,
+    /// Byte range to fetch in the background.
+    pub background: Option<(u64, u64)>,
+}
+
+/// Per-volume stream positions.
+#[derive(Default)]
+pub(crate) struct Readahead {
+    streams: Mutex<HashMap<u64, Stream>>,
+}
+
+impl Readahead {
+    /// Plans a read of `[offset, end)` of inode `ino`, a file of `size` bytes.
+    pub fn plan(&self, ino: u64, offset: u64, end: u64, size: u64) -> Plan {
+        let mut streams = self.streams.lock().expect("readahead lock");
+        if streams.len() >= MAX_STREAMS && !streams.contains_key(&ino) {
+            streams.clear();
+        }
+        let s = streams.entry(ino).or_insert(Stream {
+            next: 0,
+            ahead: 0,
+            window: FIRST_WINDOW,
+        });
+        let sequential = offset == s.next || offset == 0;
+        s.next = end;
+        if !sequential {
+            // Random access: no read-ahead until the reader runs sequentially again.
+            s.ahead = end;
+            s.window = FIRST_WINDOW;
+            return Plan {
+                sync_end: end,
+                background: None,
+            };
+        }
+        if offset == 0 {
+            s.window = FIRST_WINDOW;
+            s.ahead = 0;
+        }
+        let mut sync_end = end;
+        if s.ahead <= offset {
+            // Nothing fetched ahead of this read: fetch the first window with it.
+            sync_end = (end + FIRST_WINDOW).min(size).max(end);
+            s.ahead = sync_end;
+        }
+        s.window = (s.window * 2).max(2 * (end - offset)).min(MAX_WINDOW);
+        let mut background = None;
+        if s.ahead < size && s.ahead.saturating_sub(end) < s.window / 2 {
+            let from = s.ahead.max(end);
+            let to = (end + s.window).min(size);
+            if from < to {
+                background = Some((from, to));
+                s.ahead = to;
+            }
+        }
+        Plan {
+            sync_end,
+            background,
+        }
+    }
+}
+
+/// The running background jobs of one volume.
+#[derive(Default)]
+pub(crate) struct Jobs {
+    state: Mutex<JobsState>,
+    idle: Condvar,
+}
+
+#[derive(Default)]
+struct JobsState {
+    running: usize,
+    closed: bool,
+}
+
+impl Jobs {
+    /// Refuses new jobs and waits for the running ones to finish.
+    pub fn close(&self) {
+        let mut st = self.state.lock().expect("readahead jobs lock");
+        st.closed = true;
+        while st.running > 0 {
+            st = self.idle.wait(st).expect("readahead jobs lock");
+        }
+    }
+
+    /// Runs `f` with the tenant unless the volume closed.
+    fn run(&self, tenant: &Weak<Tenant>, f: impl FnOnce(&Tenant)) {
+        {
+            let mut st = self.state.lock().expect("readahead jobs lock");
+            if st.closed {
+                return;
+            }
+            st.running += 1;
+        }
+        if let Some(t) = tenant.upgrade() {
+            f(&t);
+        }
+        let mut st = self.state.lock().expect("readahead jobs lock");
+        st.running -= 1;
+        if st.running == 0 {
+            self.idle.notify_all();
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+struct Pool {
+    queue: SyncSender<Job>,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let (queue, rx) = sync_channel::<Job>(QUEUE);
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..THREADS {
+            let rx = Arc::clone(&rx);
+            let spawned = std::thread::Builder::new()
+                .name(format!("tenantfs-readahead-{i}"))
+                .spawn(move || worker(&rx));
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "cannot start a read-ahead thread");
+            }
+        }
+        Pool { queue }
+    })
+}
+
+fn worker(rx: &Mutex<Receiver<Job>>) {
+    loop {
+        let job = rx.lock().expect("readahead queue lock").recv();
+        match job {
+            Ok(job) => job(),
+            Err(_) => return,
+        }
+    }
+}
+
+/// Queues `f` on the pool for the tenant's volume; false when the queue is full (the job is
+/// dropped: read-ahead is a hint).
+pub(crate) fn submit(
+    jobs: &Arc<Jobs>,
+    tenant: &Arc<Tenant>,
+    f: impl FnOnce(&Tenant) + Send + 'static,
+) -> bool {
+    let jobs = Arc::clone(jobs);
+    let tenant = Arc::downgrade(tenant);
+    match pool()
+        .queue
+        .try_send(Box::new(move || jobs.run(&tenant, f)))
+    {
+        Ok(()) => true,
+        Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: u64 = 1 << 10;
+
+    #[test]
+    fn a_small_file_read_from_its_start_is_fetched_whole_by_the_first_read() {
+        let r = Readahead::default();
+        let p = r.plan(7, 0, 10 * K, 97 * K);
+        assert_eq!(p.sync_end, 97 * K);
+        assert_eq!(p.background, None);
+        // The following reads find everything fetched: nothing more to do.
+        let p = r.plan(7, 10 * K, 20 * K, 97 * K);
+        assert_eq!((p.sync_end, p.background), (20 * K, None));
+    }
+
+    #[test]
+    fn a_stream_keeps_a_growing_window_ahead_of_its_reader() {
+        let r = Readahead::default();
+        let size = 1 << 30;
+        let m = 1 << 20;
+        let p = r.plan(1, 0, m, size);
+        assert_eq!(p.sync_end, m + FIRST_WINDOW);
+        let mut ahead = p.background.map_or(p.sync_end, |b| b.1);
+        let mut last_window = 0;
+        for i in 1..40u64 {
+            let (off, end) = (i * m, (i + 1) * m);
+            let p = r.plan(1, off, end, size);
+            assert_eq!(p.sync_end, end, "read {i} fetched its own range only");
+            if let Some((from, to)) = p.background {
+                assert_eq!(
+                    from,
+                    ahead.max(end),
+                    "read {i}: background starts where the last stopped"
+                );
+                assert!(to - end <= MAX_WINDOW);
+                last_window = to - end;
+                ahead = to;
+            }
+            assert!(ahead >= end, "read {i}: the window fell behind the reader");
+        }
+        assert_eq!(last_window, MAX_WINDOW, "the window grew to its limit");
+    }
+
+    #[test]
+    fn random_reads_fetch_nothing_extra_and_reset_the_window() {
+        let r = Readahead::default();
+        let size = 1 << 30;
+        r.plan(3, 0, 4 * K, size);
+        for off in [900 * K, 20 * K, 500 * K] {
+            let p = r.plan(3, off, off + 4 * K, size);
+            assert_eq!(
+                p,
+                Plan {
+                    sync_end: off + 4 * K,
+                    background: None
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn the_end_of_the_file_bounds_every_fetch() {
+        let r = Readahead::default();
+        let size = 3 * (1 << 20) + 5;
+        let mut off = 0;
+        while off < size {
+            let end = (off + (1 << 20)).min(size);
+            let p = r.plan(9, off, end, size);
+            assert!(p.sync_end <= size);
+            if let Some((from, to)) = p.background {
+                assert!(from < to && to <= size);
+            }
+            off = end;
+        }
+    }
+
+    #[test]
+    fn a_closed_volume_runs_no_more_jobs() {
+        let jobs = Arc::new(Jobs::default());
+        let ran = Arc::new(Mutex::new(0));
+        let none: Weak<Tenant> = Weak::new();
+        jobs.run(&none, |_| unreachable!("no tenant to run with"));
+        jobs.close();
+        let r = Arc::clone(&ran);
+        jobs.run(&none, move |_| *r.lock().unwrap() += 1);
+        assert_eq!(*ran.lock().unwrap(), 0);
+    }
+}
