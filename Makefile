@@ -53,6 +53,8 @@ bench: build
 	$(CARGO) run --release --example bench_base
 	$(CARGO) run --release --example bench_idle_mounts
 	$(CARGO) run --release --example bench_interference
+	$(CARGO) run --release --example bench_tree
+	$(CARGO) run --release --example bench_fuse_request
 
 # The library's unit tests and the cache concurrency tests under AddressSanitizer (nightly
 # Rust, -Zsanitizer=address; free slab slots are poisoned by the `asan` feature). RocksDB is

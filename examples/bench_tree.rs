@@ -13,13 +13,14 @@
 //! [-- ROUNDS] (default 2; the table shows the median of the rounds). Needs root, tar, git, /dev/fuse.
 
 mod common;
-use common::{median, tenantfs_bin};
+use common::daemon::{run, Daemon};
+use common::median;
 
 use std::fs;
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
 const STEPS: [&str; 5] = [
     "untar + sync",
@@ -29,76 +30,8 @@ const STEPS: [&str; 5] = [
     "rm -rf + sync",
 ];
 
-fn run(cmd: &mut Command) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn sh(script: &str) {
     run(Command::new("sh").args(["-c", script]));
-}
-
-/// The daemon under test, with the fio suite's settings (`[cache] budget = "2G"`).
-struct Daemon {
-    child: Option<Child>,
-    data: PathBuf,
-    socket: PathBuf,
-    config: PathBuf,
-}
-
-impl Daemon {
-    fn start(dir: &Path) -> Daemon {
-        fs::create_dir_all(dir).unwrap();
-        let config = dir.join("tenantfs.toml");
-        fs::write(&config, "[cache]\nbudget = \"2G\"\n").unwrap();
-        let mut d = Daemon {
-            child: None,
-            data: dir.join("data"),
-            socket: dir.join("tenantfs.sock"),
-            config,
-        };
-        run(&mut d.cli(&["init"]));
-        run(&mut d.cli(&["tenant", "create", "tree"]));
-        d.child = Some(
-            d.cli(&["daemon"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-        let t = Instant::now();
-        while !d.socket.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(30),
-                "daemon did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        d
-    }
-
-    fn cli(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(tenantfs_bin());
-        c.arg("--config")
-            .arg(&self.config)
-            .env("TENANTFS_DATA_DIR", &self.data)
-            .env("TENANTFS_SOCKET", &self.socket)
-            .args(args);
-        c
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// Drops the page cache and, for the tenant, the daemon's caches.
@@ -217,7 +150,7 @@ fn main() {
 
     let host = tmp.path().join("host");
     fs::create_dir_all(&host).unwrap();
-    let daemon = Daemon::start(&tmp.path().join("daemon"));
+    let daemon = Daemon::start(&tmp.path().join("daemon"), "tree");
     let mnt = tmp.path().join("mnt");
     fs::create_dir_all(&mnt).unwrap();
     run(&mut daemon.cli(&["mount", "tree", mnt.to_str().unwrap()]));

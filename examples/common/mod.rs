@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use tenantfs::store::{Encryption, Family, OpenMode, StoreHost, TenantDb};
 
+pub mod daemon;
+
 /// Deterministic key of record `i`.
 pub fn key(i: u64) -> [u8; 8] {
     // Spread keys so neighbours in `i` are not neighbours on disk.

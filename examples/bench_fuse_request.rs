@@ -1,0 +1,123 @@
+//! What one FUSE request costs through the daemon, and how much of it is the wake-up of a
+//! thread on another CPU: the deliverable-3 question of issue 12 (is a FUSE-over-io_uring
+//! transport, whose queues are per CPU, worth building?).
+//!
+//! Three request kinds the daemon answers without touching the disk, each timed as a loop of
+//! 20,000 calls on host ext4 and on a tenant mount: statfs (STATFS: the volume does nothing),
+//! chmod (SETATTR: one RocksDB write) and a 4 KiB pread of a cached block (READ). The tenant
+//! loops run three ways: unpinned, the caller and every daemon thread pinned to one CPU, and
+//! the two pinned to different CPUs.
+//!
+//! usage: cargo build --release --bins --examples && cargo run --release --example
+//! bench_fuse_request [-- CALLS]. Needs root, /dev/fuse and at least 2 CPUs.
+
+mod common;
+use common::daemon::{run, Daemon};
+
+use std::fs;
+use std::os::unix::fs::{FileExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// Pins every thread of `pid` (None: this process's main thread, which runs the loops) to
+/// `cpus` with taskset(1).
+fn pin(pid: Option<u32>, cpus: &str) {
+    let mut c = Command::new("taskset");
+    match pid {
+        Some(pid) => c.args(["-a", "-p", "-c", cpus, &pid.to_string()]),
+        None => c.args(["-p", "-c", cpus, &std::process::id().to_string()]),
+    };
+    run(c.stdout(Stdio::null()));
+}
+
+/// Microseconds per call of each request kind on `dir`.
+fn costs(dir: &Path, calls: u32) -> [f64; 3] {
+    let path = dir.join("rt.dat");
+    let file = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    file.write_all_at(&vec![7u8; 1 << 20], 0).unwrap();
+    let mut buf = vec![0u8; 4096];
+    file.read_exact_at(&mut buf, 0).unwrap();
+    let per_call = |f: &mut dyn FnMut(u32)| {
+        let t = Instant::now();
+        for i in 0..calls {
+            f(i);
+        }
+        t.elapsed().as_secs_f64() * 1e6 / f64::from(calls)
+    };
+    [
+        per_call(&mut |_| {
+            nix::sys::statvfs::statvfs(dir).unwrap();
+        }),
+        per_call(&mut |i| {
+            let mode = if i % 2 == 0 { 0o644 } else { 0o600 };
+            file.set_permissions(fs::Permissions::from_mode(mode))
+                .unwrap();
+        }),
+        per_call(&mut |i| {
+            file.read_exact_at(&mut buf, u64::from(i % 256) * 4096)
+                .unwrap();
+        }),
+    ]
+}
+
+fn main() {
+    let calls: u32 = std::env::args()
+        .nth(1)
+        .map_or(20_000, |s| s.parse().expect("CALLS is a number"));
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    assert!(cpus >= 2, "needs 2 CPUs to compare same-CPU and cross-CPU");
+    let tmp = tempfile::Builder::new()
+        .prefix("tenantfs-bench-request-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let host = tmp.path().join("host");
+    fs::create_dir_all(&host).unwrap();
+    let daemon = Daemon::start(&tmp.path().join("daemon"), "rt");
+    let mnt = tmp.path().join("mnt");
+    fs::create_dir_all(&mnt).unwrap();
+    run(&mut daemon.cli(&["mount", "rt", mnt.to_str().unwrap()]));
+    // Every worker of the mount exists now (fuser starts them with the session).
+    let all = format!("0-{}", cpus - 1);
+
+    let ext4 = costs(&host, calls);
+    let free = costs(&mnt, calls);
+    pin(Some(daemon.pid()), "0");
+    pin(None, "0");
+    let same = costs(&mnt, calls);
+    pin(None, "1");
+    let cross = costs(&mnt, calls);
+    pin(None, &all);
+    pin(Some(daemon.pid()), &all);
+    run(&mut daemon.cli(&["umount", mnt.to_str().unwrap()]));
+
+    println!("FUSE request cost: {calls} calls each, microseconds per call");
+    println!(
+        "| request | host ext4 | tenantfs | caller and daemon on one CPU | on different CPUs | \
+         different / one |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (i, name) in [
+        "statfs (STATFS, nothing to do)",
+        "chmod (SETATTR: one store write)",
+        "4 KiB pread, cached (READ)",
+    ]
+    .iter()
+    .enumerate()
+    {
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            ext4[i],
+            free[i],
+            same[i],
+            cross[i],
+            cross[i] / same[i]
+        );
+    }
+}

@@ -1,0 +1,78 @@
+//! A tenantfs daemon for the mount benchmarks: its own data dir, the fio suite's settings
+//! (`[cache] budget = "2G"`), one tenant, killed when dropped.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::tenantfs_bin;
+
+/// Runs `cmd`; panics with its stderr when it fails.
+pub fn run(cmd: &mut Command) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub struct Daemon {
+    child: Option<Child>,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    /// Initialises a data dir under `dir`, creates `tenant` and starts the daemon.
+    pub fn start(dir: &Path, tenant: &str) -> Daemon {
+        fs::create_dir_all(dir).unwrap();
+        fs::write(dir.join("tenantfs.toml"), "[cache]\nbudget = \"2G\"\n").unwrap();
+        let mut d = Daemon {
+            child: None,
+            dir: dir.to_owned(),
+        };
+        run(&mut d.cli(&["init"]));
+        run(&mut d.cli(&["tenant", "create", tenant]));
+        d.child = Some(
+            d.cli(&["daemon"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let t = Instant::now();
+        while !dir.join("tenantfs.sock").exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "daemon did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        d
+    }
+
+    /// A `tenantfs` command against this daemon's data dir and socket.
+    pub fn cli(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(tenantfs_bin());
+        c.arg("--config")
+            .arg(self.dir.join("tenantfs.toml"))
+            .env("TENANTFS_DATA_DIR", self.dir.join("data"))
+            .env("TENANTFS_SOCKET", self.dir.join("tenantfs.sock"))
+            .args(args);
+        c
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("started").id()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
