@@ -22,7 +22,7 @@ use crate::tenants::Tenant;
 use codec::*;
 pub use graft::GraftNode;
 use locks::InodeLocks;
-use readahead::{Jobs, Readahead};
+use readahead::Readahead;
 
 /// Where a volume reads the blocks it shares with a base image (extents tagged as base
 /// references). The volume treats a reference as opaque bytes.
@@ -275,7 +275,6 @@ pub struct Volume {
     inodes: InodeLocks,
     base: Option<Arc<dyn BaseBlocks>>,
     readahead: Readahead,
-    readahead_jobs: Arc<Jobs>,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -377,7 +376,6 @@ impl Volume {
             inodes: InodeLocks::new(),
             base: None,
             readahead: Readahead::default(),
-            readahead_jobs: Arc::default(),
         };
         if volume.db().get(Family::Meta, GRAFTING_KEY)?.is_some() {
             return Err(VolumeError::Incomplete {
@@ -1056,13 +1054,12 @@ impl Volume {
         let last = (end - 1) / bs;
         let plan = self.readahead.plan(ino, offset, end, attr.size);
         if let Some((from, to)) = plan.background {
-            self.read_ahead(ino, from, to);
+            self.readahead
+                .fetch(&self.tenant, ino, from, to, self.block_size);
         }
         // Blocks past `last` are looked up only to bring them into the cache.
-        let fetch_last = ((plan.sync_end - 1) / bs)
-            .max(last)
-            .min(first + MULTI_GET_BLOCKS - 1)
-            .max(last);
+        let fetch_last =
+            ((plan.sync_end - 1) / bs).clamp(last, (first + MULTI_GET_BLOCKS - 1).max(last));
         let mut block = vec![0u8; bs as usize];
         let mut err = None;
         // Blocks shared with a base image are fetched together after the lookups.
@@ -1122,27 +1119,6 @@ impl Volume {
             }
         }
         Ok(())
-    }
-
-    /// Fetches bytes `[from, to)` of `ino` into the cache in the background, in chunks that
-    /// the pool reads at once.
-    fn read_ahead(&self, ino: u64, from: u64, to: u64) {
-        let bs = self.block_size;
-        let chunk_blocks = (readahead::CHUNK / bs).max(1);
-        let mut block = from / bs;
-        let end_block = to.div_ceil(bs);
-        while block < end_block {
-            let upto = (block + chunk_blocks).min(end_block);
-            let keys: Vec<[u8; 16]> = (block..upto).map(|b| extent_key(ino, b)).collect();
-            let queued = readahead::submit(&self.readahead_jobs, &self.tenant, move |t| {
-                // A hint: a failed fetch is the reader's to see and report.
-                let _ = t.db().multi_get(Family::Extents, &keys, |_, _| {});
-            });
-            if !queued {
-                return;
-            }
-            block = upto;
-        }
     }
 
     /// Checks that `[offset, offset+len)` fits a file, locks the inode and loads it; the inode
@@ -1454,7 +1430,7 @@ impl Volume {
 impl Drop for Volume {
     fn drop(&mut self) {
         // Read-ahead jobs hold the store while they run: none may outlive the volume.
-        self.readahead_jobs.close();
+        self.readahead.close();
         // Unmount or shutdown: make the WAL durable before the store closes.
         if let Err(e) = self.fsync() {
             tracing::error!(tenant = %self.tenant.info().name, error = %e, "final sync failed");

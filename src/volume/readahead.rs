@@ -12,13 +12,15 @@
 //!
 //! The pool threads start on first use and are shared by every volume of the process; a job
 //! holds its volume's store only while it runs, and a volume being dropped waits for its
-//! running jobs ([`Jobs::close`]) so the store is closed, and its lock released, when the
+//! running jobs ([`Readahead::close`]) so the store is closed, and its lock released, when the
 //! volume is gone.
 
 use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
+use super::codec::extent_key;
+use crate::store::Family;
 use crate::tenants::Tenant;
 
 /// What the first read of a stream adds to its own lookups.
@@ -53,10 +55,11 @@ pub(crate) struct Plan {
     pub background: Option<(u64, u64)>,
 }
 
-/// Per-volume stream positions.
+/// Per-volume stream positions and background fetches.
 #[derive(Default)]
 pub(crate) struct Readahead {
     streams: Mutex<HashMap<u64, Stream>>,
+    jobs: Arc<Jobs>,
 }
 
 impl Readahead {
@@ -107,11 +110,42 @@ impl Readahead {
             background,
         }
     }
+
+    /// Fetches bytes `[from, to)` of `ino` (blocks of `block_size`) from `tenant`'s store
+    /// into the cache in the background, in [`CHUNK`]s the pool reads at once.
+    pub fn fetch(&self, tenant: &Arc<Tenant>, ino: u64, from: u64, to: u64, block_size: u64) {
+        let chunk_blocks = (CHUNK / block_size).max(1);
+        let mut block = from / block_size;
+        let end_block = to.div_ceil(block_size);
+        while block < end_block {
+            let upto = (block + chunk_blocks).min(end_block);
+            let keys: Vec<[u8; 16]> = (block..upto).map(|b| extent_key(ino, b)).collect();
+            let jobs = Arc::clone(&self.jobs);
+            let tenant = Arc::downgrade(tenant);
+            let queued = submit(Box::new(move || {
+                jobs.run(|| {
+                    if let Some(t) = tenant.upgrade() {
+                        // A hint: a failed fetch is the reader's to see and report.
+                        let _ = t.db().multi_get(Family::Extents, &keys, |_, _| {});
+                    }
+                });
+            }));
+            if !queued {
+                return;
+            }
+            block = upto;
+        }
+    }
+
+    /// Refuses new background fetches and waits for the running ones.
+    pub fn close(&self) {
+        self.jobs.close();
+    }
 }
 
 /// The running background jobs of one volume.
 #[derive(Default)]
-pub(crate) struct Jobs {
+struct Jobs {
     state: Mutex<JobsState>,
     idle: Condvar,
 }
@@ -124,7 +158,7 @@ struct JobsState {
 
 impl Jobs {
     /// Refuses new jobs and waits for the running ones to finish.
-    pub fn close(&self) {
+    fn close(&self) {
         let mut st = self.state.lock().expect("readahead jobs lock");
         st.closed = true;
         while st.running > 0 {
@@ -132,8 +166,8 @@ impl Jobs {
         }
     }
 
-    /// Runs `f` with the tenant unless the volume closed.
-    fn run(&self, tenant: &Weak<Tenant>, f: impl FnOnce(&Tenant)) {
+    /// Runs `f` unless the volume closed; `close` waits for it meanwhile.
+    fn run(&self, f: impl FnOnce()) {
         {
             let mut st = self.state.lock().expect("readahead jobs lock");
             if st.closed {
@@ -141,9 +175,7 @@ impl Jobs {
             }
             st.running += 1;
         }
-        if let Some(t) = tenant.upgrade() {
-            f(&t);
-        }
+        f();
         let mut st = self.state.lock().expect("readahead jobs lock");
         st.running -= 1;
         if st.running == 0 {
@@ -186,19 +218,10 @@ fn worker(rx: &Mutex<Receiver<Job>>) {
     }
 }
 
-/// Queues `f` on the pool for the tenant's volume; false when the queue is full (the job is
-/// dropped: read-ahead is a hint).
-pub(crate) fn submit(
-    jobs: &Arc<Jobs>,
-    tenant: &Arc<Tenant>,
-    f: impl FnOnce(&Tenant) + Send + 'static,
-) -> bool {
-    let jobs = Arc::clone(jobs);
-    let tenant = Arc::downgrade(tenant);
-    match pool()
-        .queue
-        .try_send(Box::new(move || jobs.run(&tenant, f)))
-    {
+/// Queues `job` on the pool; false when the queue is full (the job is dropped: read-ahead is
+/// a hint).
+fn submit(job: Job) -> bool {
+    match pool().queue.try_send(job) {
         Ok(()) => true,
         Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
     }
@@ -284,13 +307,36 @@ mod tests {
 
     #[test]
     fn a_closed_volume_runs_no_more_jobs() {
-        let jobs = Arc::new(Jobs::default());
-        let ran = Arc::new(Mutex::new(0));
-        let none: Weak<Tenant> = Weak::new();
-        jobs.run(&none, |_| unreachable!("no tenant to run with"));
+        let jobs = Jobs::default();
+        let mut ran = 0;
+        jobs.run(|| ran += 1);
+        assert_eq!(ran, 1);
         jobs.close();
-        let r = Arc::clone(&ran);
-        jobs.run(&none, move |_| *r.lock().unwrap() += 1);
-        assert_eq!(*ran.lock().unwrap(), 0);
+        jobs.run(|| ran += 1);
+        assert_eq!(ran, 1, "a job ran after close");
+    }
+
+    #[test]
+    fn close_waits_for_a_running_job() {
+        let jobs = Arc::new(Jobs::default());
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let worker = {
+            let (jobs, done) = (Arc::clone(&jobs), Arc::clone(&done));
+            std::thread::spawn(move || {
+                jobs.run(|| {
+                    started_tx.send(()).unwrap();
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    done.store(true, std::sync::atomic::Ordering::SeqCst);
+                })
+            })
+        };
+        started.recv().unwrap();
+        jobs.close();
+        assert!(
+            done.load(std::sync::atomic::Ordering::SeqCst),
+            "close returned while a job was running"
+        );
+        worker.join().unwrap();
     }
 }
