@@ -36,6 +36,9 @@ demo: build
 # Examples are compiled (and linted) by `make lint`; they hold benchmarks, not tests.
 # The last line sums every test binary's result.
 test: deps
+	@# FUSE over io_uring (Linux >= 6.14): off by default; the mount tests run over it.
+	@p=/sys/module/fuse/parameters/enable_uring; if [ -e $$p ] && [ "$$(cat $$p)" != Y ]; then \
+	  echo "enabling FUSE over io_uring: echo Y > $$p"; echo Y > $$p || sudo sh -c "echo Y > $$p"; fi
 	@set -o pipefail; $(CARGO) test --release --lib --bins --tests 2>&1 | tee $(CARGO_TARGET_DIR)/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "all tests: %d passed, %d failed\n", p, f }' $(CARGO_TARGET_DIR)/test.log
 
@@ -48,6 +51,7 @@ bench: build
 	$(CARGO) run --release --example bench_encrypted_reads
 	$(CARGO) run --release --example bench_cache_regimes
 	$(CARGO) run --release --example bench_fuse_fio
+	$(CARGO) run --release --example bench_fio_suite
 	$(CARGO) run --release --example bench_block_cache
 	$(CARGO) run --release --example bench_pack_io
 	$(CARGO) run --release --example bench_base

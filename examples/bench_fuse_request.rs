@@ -5,14 +5,16 @@
 //! Three request kinds the daemon answers without touching the disk, each timed as a loop of
 //! 20,000 calls on host ext4 and on a tenant mount: statfs (STATFS: the volume does nothing),
 //! chmod (SETATTR: one RocksDB write) and a 4 KiB pread of a cached block (READ). The tenant
-//! loops run three ways: unpinned, the caller and every daemon thread pinned to one CPU, and
-//! the two pinned to different CPUs.
+//! loops run over /dev/fuse three ways (unpinned, the caller and every daemon thread pinned to
+//! one CPU, the two pinned to different CPUs), then over FUSE's io_uring (`transport=uring`,
+//! enabled first if the kernel has it off), whose per-CPU queues should give the one-CPU
+//! cost without pinning anything.
 //!
 //! usage: cargo build --release --bins --examples && cargo run --release --example
 //! bench_fuse_request [-- CALLS]. Needs root, /dev/fuse and at least 2 CPUs.
 
 mod common;
-use common::daemon::{run, Daemon};
+use common::daemon::{enable_fuse_uring, run, Daemon};
 
 use std::fs;
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -73,6 +75,7 @@ fn main() {
         .map_or(20_000, |s| s.parse().expect("CALLS is a number"));
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     assert!(cpus >= 2, "needs 2 CPUs to compare same-CPU and cross-CPU");
+    enable_fuse_uring();
     let tmp = tempfile::Builder::new()
         .prefix("tenantfs-bench-request-")
         .tempdir_in("/var/tmp")
@@ -82,11 +85,17 @@ fn main() {
     let daemon = Daemon::start(&tmp.path().join("daemon"), "rt");
     let mnt = tmp.path().join("mnt");
     fs::create_dir_all(&mnt).unwrap();
-    run(&mut daemon.cli(&["mount", "rt", mnt.to_str().unwrap()]));
-    // Every worker of the mount exists now (fuser starts them with the session).
+    let mount = |transport: &str| {
+        let o = format!("transport={transport}");
+        run(&mut daemon.cli(&["mount", "-o", &o, "rt", mnt.to_str().unwrap()]));
+    };
+    let umount = || run(&mut daemon.cli(&["umount", mnt.to_str().unwrap()]));
     let all = format!("0-{}", cpus - 1);
 
     let ext4 = costs(&host, calls);
+    // /dev/fuse: unpinned, then the caller and every daemon thread on one CPU, then the two
+    // on different CPUs.
+    mount("dev");
     let free = costs(&mnt, calls);
     pin(Some(daemon.pid()), "0");
     pin(None, "0");
@@ -95,14 +104,18 @@ fn main() {
     let cross = costs(&mnt, calls);
     pin(None, &all);
     pin(Some(daemon.pid()), &all);
-    run(&mut daemon.cli(&["umount", mnt.to_str().unwrap()]));
+    umount();
+    // io_uring: each CPU's queue thread is pinned to it by the daemon; nothing else pinned.
+    mount("uring");
+    let ring = costs(&mnt, calls);
+    umount();
 
     println!("FUSE request cost: {calls} calls each, microseconds per call");
     println!(
-        "| request | host ext4 | tenantfs | caller and daemon on one CPU | on different CPUs | \
-         different / one |"
+        "| request | host ext4 | /dev/fuse | /dev/fuse, caller and daemon on one CPU | \
+         /dev/fuse, on different CPUs | io_uring | io_uring / /dev/fuse |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for (i, name) in [
         "statfs (STATFS, nothing to do)",
         "chmod (SETATTR: one store write)",
@@ -112,12 +125,13 @@ fn main() {
     .enumerate()
     {
         println!(
-            "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
             ext4[i],
             free[i],
             same[i],
             cross[i],
-            cross[i] / same[i]
+            ring[i],
+            ring[i] / free[i]
         );
     }
 }

@@ -7,13 +7,14 @@
 //! first. `tar c` writes into a pipe that this program drains (GNU tar skips reading files
 //! when its output is /dev/null). The git repository lives on host ext4 and is cloned with
 //! `--no-checkout` into each target, so the timed `git checkout` writes the work tree and the
-//! index only.
+//! index only. The tenant runs each round twice, mounted over FUSE's io_uring and over
+//! /dev/fuse (FUSE over io_uring is turned on first if the kernel has it off).
 //!
 //! usage: cargo build --release --bins --examples && cargo run --release --example bench_tree
 //! [-- ROUNDS] (default 2; the table shows the median of the rounds). Needs root, tar, git, /dev/fuse.
 
 mod common;
-use common::daemon::{run, Daemon};
+use common::daemon::{enable_fuse_uring, run, Daemon};
 use common::median;
 
 use std::fs;
@@ -153,29 +154,43 @@ fn main() {
     let daemon = Daemon::start(&tmp.path().join("daemon"), "tree");
     let mnt = tmp.path().join("mnt");
     fs::create_dir_all(&mnt).unwrap();
-    run(&mut daemon.cli(&["mount", "tree", mnt.to_str().unwrap()]));
+    enable_fuse_uring();
+    const TRANSPORTS: [&str; 2] = ["uring", "dev"];
 
     let mut ext4 = vec![Vec::new(); STEPS.len()];
-    let mut tenant = vec![Vec::new(); STEPS.len()];
+    let mut tenant = [vec![Vec::new(); STEPS.len()], vec![Vec::new(); STEPS.len()]];
     for _ in 0..rounds {
         let a = steps(&host, &tar, &repo, None);
-        let b = steps(&mnt, &tar, &repo, Some(&daemon));
         for i in 0..STEPS.len() {
             ext4[i].push(a[i]);
-            tenant[i].push(b[i]);
+        }
+        for (k, transport) in TRANSPORTS.iter().enumerate() {
+            let o = format!("transport={transport}");
+            run(&mut daemon.cli(&["mount", "-o", &o, "tree", mnt.to_str().unwrap()]));
+            let b = steps(&mnt, &tar, &repo, Some(&daemon));
+            run(&mut daemon.cli(&["umount", mnt.to_str().unwrap()]));
+            for i in 0..STEPS.len() {
+                tenant[k][i].push(b[i]);
+            }
         }
     }
-    run(&mut daemon.cli(&["umount", mnt.to_str().unwrap()]));
 
     println!(
         "small-file tree: {files} files ({} MiB tar), median of {rounds} rounds, each step cold",
         fs::metadata(&tar).unwrap().len() >> 20
     );
-    println!("| step | host ext4 s | tenantfs s | tenantfs / ext4 |");
-    println!("|---|---:|---:|---:|");
+    println!(
+        "| step | host ext4 s | tenantfs io_uring s | / ext4 | tenantfs /dev/fuse s | / ext4 |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
     for (i, step) in STEPS.iter().enumerate() {
         let a = median(ext4[i].clone());
-        let b = median(tenant[i].clone());
-        println!("| {step} | {a:.2} | {b:.2} | {:.2} |", b / a);
+        let u = median(tenant[0][i].clone());
+        let d = median(tenant[1][i].clone());
+        println!(
+            "| {step} | {a:.2} | {u:.2} | {:.2} | {d:.2} | {:.2} |",
+            u / a,
+            d / a
+        );
     }
 }

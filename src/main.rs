@@ -57,7 +57,8 @@ enum Command {
         /// Stay attached and serve in this process until unmounted.
         #[arg(long)]
         foreground: bool,
-        /// Mount options: cache=direct (default) or cache=kernel, ro, rw.
+        /// Mount options: cache=direct (default) or cache=kernel, transport=auto (default), uring
+        /// or dev, ro, rw.
         #[arg(short = 'o', default_value = "")]
         options: String,
     },

@@ -65,6 +65,8 @@ pub struct MountMetrics {
     ops: [OpCounters; 7],
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
+    /// Requests answered over FUSE's io_uring (the rest came over /dev/fuse).
+    ring_requests: AtomicU64,
 }
 
 fn bucket_of(ns: u64) -> usize {
@@ -95,6 +97,10 @@ impl MountMetrics {
 
     pub fn add_written_bytes(&self, n: u64) {
         self.written_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub fn add_ring_request(&self) {
+        self.ring_requests.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A JSON summary: per op calls, errors, p50/p99 upper bounds in microseconds; bytes.
@@ -137,6 +143,7 @@ impl MountMetrics {
             "ops": ops,
             "read_bytes": self.read_bytes.load(Ordering::Relaxed),
             "written_bytes": self.written_bytes.load(Ordering::Relaxed),
+            "ring_requests": self.ring_requests.load(Ordering::Relaxed),
         })
     }
 
@@ -186,6 +193,11 @@ impl MountMetrics {
             "tenantfs_written_bytes_total{{tenant=\"{tenant}\"}} {}",
             self.written_bytes.load(Ordering::Relaxed)
         );
+        let _ = writeln!(
+            out,
+            "tenantfs_fuse_ring_requests_total{{tenant=\"{tenant}\"}} {}",
+            self.ring_requests.load(Ordering::Relaxed)
+        );
     }
 }
 
@@ -196,7 +208,8 @@ pub fn mount_metric_types(out: &mut String) {
          # TYPE tenantfs_op_errors_total counter\n\
          # TYPE tenantfs_op_latency_seconds histogram\n\
          # TYPE tenantfs_read_bytes_total counter\n\
-         # TYPE tenantfs_written_bytes_total counter\n",
+         # TYPE tenantfs_written_bytes_total counter\n\
+         # TYPE tenantfs_fuse_ring_requests_total counter\n",
     );
 }
 

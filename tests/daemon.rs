@@ -780,3 +780,94 @@ fn python_file_io_leaves_no_warnings_and_the_mount_type_is_fuse_tenantfs() {
     );
     assert!(!log.contains("Not Implemented"), "{log}");
 }
+
+/// Threads of `pid` whose name starts with `prefix`.
+fn threads_named(pid: u32, prefix: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .count()
+}
+
+/// FUSE over io_uring through the daemon: a mount with transport=uring answers its requests
+/// on per-CPU ring queues (`stats` counts them), one with transport=dev only over /dev/fuse;
+/// unmounting ends the queue threads; a transport the kernel lacks or a misspelt one is a
+/// clear error.
+#[test]
+fn io_uring_and_dev_fuse_transports_serve_side_by_side() {
+    let p = tenantfs::fuse::URING_PARAMETER;
+    if !tenantfs::fuse::uring_enabled() {
+        std::fs::write(p, "Y").unwrap_or_else(|e| panic!("cannot enable {p}: {e}"));
+    }
+    let h = Host::new("transport");
+    let (mr, md) = (h.dir("ring"), h.dir("dev"));
+    h.create_tenant("r");
+    h.create_tenant("d");
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let pid = d.0.id();
+    h.ok(&["mount", "-o", "transport=uring", "r", mr.to_str().unwrap()]);
+    h.ok(&["mount", "-o", "transport=dev", "d", md.to_str().unwrap()]);
+    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let possible = cpus
+        .trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum::<usize>();
+    assert_eq!(
+        threads_named(pid, "fuse-ring-"),
+        possible,
+        "one queue per CPU"
+    );
+    for m in [&mr, &md] {
+        std::fs::create_dir(m.join("dir")).unwrap();
+        std::fs::write(m.join("dir/f"), vec![5u8; 300_000]).unwrap();
+        std::fs::rename(m.join("dir/f"), m.join("g")).unwrap();
+        assert_eq!(std::fs::read(m.join("g")).unwrap(), vec![5u8; 300_000]);
+        set_xattr(&m.join("g"), "user.k", b"v");
+        assert_eq!(
+            xattrs(&m.join("g")).get(&b"user.k"[..]).map(|v| &v[..]),
+            Some(&b"v"[..])
+        );
+        std::os::unix::fs::symlink("g", m.join("s")).unwrap();
+        assert_eq!(std::fs::read_link(m.join("s")).unwrap().to_str(), Some("g"));
+        let names: Vec<_> = std::fs::read_dir(m)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        std::fs::remove_file(m.join("s")).unwrap();
+        std::fs::remove_dir(m.join("dir")).unwrap();
+    }
+    let (r, dv) = (mount_stats(&h, "r"), mount_stats(&h, "d"));
+    assert!(r["ring_requests"].as_u64().unwrap() >= 15, "{r}");
+    assert_eq!(dv["ring_requests"].as_u64(), Some(0), "{dv}");
+    assert!(r["ops"]["write"]["calls"].as_u64().unwrap() >= 1, "{r}");
+    h.ok(&["umount", mr.to_str().unwrap()]);
+    let t = Instant::now();
+    while threads_named(pid, "fuse-ring-") > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "ring threads outlive their mount"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The data written over the ring is there after a remount over /dev/fuse.
+    h.ok(&["mount", "-o", "transport=dev", "r", mr.to_str().unwrap()]);
+    assert_eq!(std::fs::read(mr.join("g")).unwrap(), vec![5u8; 300_000]);
+    let err = h.fails(&[
+        "mount",
+        "-o",
+        "transport=carrier-pigeon",
+        "r",
+        h.dir("x").to_str().unwrap(),
+    ]);
+    assert!(err.contains("transport=uring"), "{err}");
+    d.terminate_cleanly(&[&mr, &md]);
+}

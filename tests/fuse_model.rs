@@ -1,6 +1,7 @@
 //! Property test through a real mount: random sequences of file operations applied with std::fs
 //! to a tenantfs mount and to a local directory on the host filesystem (the reference), compared
 //! after every step: results and errnos, then sizes, contents and listings of the whole tree.
+//! Run twice: with requests over FUSE's io_uring, and over /dev/fuse.
 
 use std::collections::BTreeMap;
 use std::fs::{self, OpenOptions};
@@ -49,8 +50,21 @@ fn tenantfs(data: &Path, args: &[&str]) {
     );
 }
 
+/// Lets this kernel serve FUSE over io_uring (root; Linux >= 6.14 with CONFIG_FUSE_IO_URING).
+fn enable_fuse_uring() {
+    let p = "/sys/module/fuse/parameters/enable_uring";
+    if fs::read_to_string(p)
+        .map(|v| v.trim() == "Y")
+        .unwrap_or(false)
+    {
+        return;
+    }
+    fs::write(p, "Y").unwrap_or_else(|e| panic!("cannot enable FUSE over io_uring ({p}): {e}"));
+}
+
 impl Fixture {
-    fn new() -> Self {
+    /// A mount served over `transport` (uring or dev).
+    fn new(transport: &str) -> Self {
         let tmp = tempfile::Builder::new()
             .prefix("tenantfs-model-")
             .tempdir_in("/var/tmp")
@@ -62,7 +76,11 @@ impl Fixture {
         fs::create_dir(&local).unwrap();
         tenantfs(&data, &["init"]);
         tenantfs(&data, &["tenant", "create", "model"]);
-        tenantfs(&data, &["mount", "model", mnt.to_str().unwrap()]);
+        let options = format!("transport={transport}");
+        tenantfs(
+            &data,
+            &["mount", "-o", &options, "model", mnt.to_str().unwrap()],
+        );
         Fixture {
             _tmp: tmp,
             data,
@@ -267,8 +285,52 @@ fn tree(root: &Path) -> BTreeMap<String, (char, u32, u64, u64, Vec<u8>)> {
 }
 
 #[test]
-fn mount_behaves_like_a_local_directory() {
-    let fx = Fixture::new();
+fn mount_over_io_uring_behaves_like_a_local_directory() {
+    enable_fuse_uring();
+    let fx = Fixture::new("uring");
+    model(&fx);
+    // The requests went over the ring: its queue threads (one per CPU, in the process serving
+    // this data dir) woke up for them, thousands of times.
+    let wakeups = ring_thread_wakeups(&fx.data);
+    assert!(wakeups > 1000, "ring queue threads woke {wakeups} times");
+}
+
+/// Voluntary context switches of the `fuse-ring-*` threads of the process serving `data`.
+fn ring_thread_wakeups(data: &Path) -> u64 {
+    let mut total = 0;
+    let mut threads = 0;
+    for p in fs::read_dir("/proc").unwrap().flatten() {
+        let cmdline = fs::read(p.path().join("cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains(data.to_str().unwrap()) {
+            continue;
+        }
+        for t in fs::read_dir(p.path().join("task"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+            if !comm.starts_with("fuse-ring-") {
+                continue;
+            }
+            threads += 1;
+            let status = fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            total += status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .map_or(0, |v| v.trim().parse::<u64>().unwrap());
+        }
+    }
+    assert!(threads > 0, "no fuse-ring threads serve {}", data.display());
+    total
+}
+
+#[test]
+fn mount_over_dev_fuse_behaves_like_a_local_directory() {
+    model(&Fixture::new("dev"));
+}
+
+fn model(fx: &Fixture) {
     let case = AtomicUsize::new(0);
     let mut runner = TestRunner::new(ProptestConfig {
         cases: 256,

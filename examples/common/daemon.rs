@@ -8,6 +8,16 @@ use std::time::{Duration, Instant};
 
 use super::tenantfs_bin;
 
+/// Turns FUSE over io_uring on if the kernel has it off (the benchmarks compare it with
+/// /dev/fuse). Needs root and Linux >= 6.14.
+pub fn enable_fuse_uring() {
+    if !tenantfs::fuse::uring_enabled() {
+        let p = tenantfs::fuse::URING_PARAMETER;
+        eprintln!("enabling FUSE over io_uring: echo Y > {p}");
+        fs::write(p, "Y").unwrap_or_else(|e| panic!("{p}: {e} (needs root and Linux >= 6.14)"));
+    }
+}
+
 /// Runs `cmd`; panics with its stderr when it fails.
 pub fn run(cmd: &mut Command) {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));

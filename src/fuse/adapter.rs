@@ -1,98 +1,33 @@
-//! FUSE requests <-> [`Volume`] calls: attribute conversion, errno mapping, lookup counts and
-//! directory handles. No filesystem logic lives here.
+//! fuser's requests (read from /dev/fuse) -> [`Operations`]: argument and reply conversion
+//! only. At INIT it also offers the kernel FUSE over io_uring and, if the kernel takes it,
+//! starts the [`Ring`] that serves requests from then on (forgets and interrupts stay on
+//! /dev/fuse).
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileAttr, FileHandle, FileType,
-    Filesystem, FopenFlags, Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner,
-    OpenFlags, PollEvents, PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
-    ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, Generation,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags,
+    PollNotifier, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen, ReplyPoll,
+    ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::metrics::{MountMetrics, Op};
-use crate::volume::{
-    Attr, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, Volume, VolumeError, XattrMode,
-};
+use super::ops::{Opened, Operations, Xattr, MAX_WRITE, TTL};
+use super::ring::{Ring, Transport};
+use crate::metrics::MountMetrics;
+use crate::volume::{Owner, SetAttr, Volume};
 
-/// How long the kernel may cache attributes and entries. Every change goes through this
-/// process, so the kernel's cache cannot go stale behind its back.
-const TTL: Duration = Duration::from_secs(1);
-/// Largest write the kernel sends in one request.
-const MAX_WRITE: u32 = 1 << 20;
-
-/// Where file data is cached in RAM.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum CacheMode {
-    /// FOPEN_DIRECT_IO: no page cache for tenant files; the daemon's caches are the only RAM
-    /// copy. mmap still works (FUSE_DIRECT_IO_ALLOW_MMAP).
-    #[default]
-    Direct,
-    /// The kernel page cache holds file data (faster re-reads, a second copy in RAM).
-    Kernel,
-}
+pub use super::ops::CacheMode;
 
 /// The FUSE filesystem of one tenant.
 pub struct TenantFs {
-    volume: Arc<Volume>,
-    cache: CacheMode,
-    /// Kernel references per inode (lookups minus forgets): a removed file is freed at zero.
-    lookups: Mutex<HashMap<u64, u64>>,
-    /// Open directory snapshots, by handle.
-    dirs: Mutex<HashMap<u64, Vec<DirEntry>>>,
-    next_fh: AtomicU64,
-    metrics: Arc<MountMetrics>,
-}
-
-fn errno(e: VolumeError) -> Errno {
-    if let VolumeError::Store(ref err) = e {
-        if err.is_no_space() {
-            // Expected while the disk is full: the store's state change was logged once.
-            tracing::debug!(error = %err, "store error");
-        } else {
-            tracing::error!(error = %err, "store error");
-        }
-    }
-    Errno::from_i32(e.errno())
-}
-
-fn file_type(kind: FileKind) -> FileType {
-    match kind {
-        FileKind::File => FileType::RegularFile,
-        FileKind::Dir => FileType::Directory,
-        FileKind::Symlink => FileType::Symlink,
-        FileKind::Fifo => FileType::NamedPipe,
-        FileKind::Socket => FileType::Socket,
-        FileKind::CharDev => FileType::CharDevice,
-        FileKind::BlockDev => FileType::BlockDevice,
-    }
-}
-
-fn kind_from_mode(mode: u32) -> Option<FileKind> {
-    Some(match mode & libc::S_IFMT {
-        libc::S_IFREG | 0 => FileKind::File,
-        libc::S_IFIFO => FileKind::Fifo,
-        libc::S_IFSOCK => FileKind::Socket,
-        libc::S_IFCHR => FileKind::CharDev,
-        libc::S_IFBLK => FileKind::BlockDev,
-        _ => return None,
-    })
-}
-
-/// POSIX ACLs are not supported: without FUSE_POSIX_ACL the kernel hands their xattrs to the
-/// daemon, and storing them as plain values would report success while changing neither the
-/// mode nor any permission check (`cp -a` sets a directory's mode through
-/// system.posix_acl_access and would leave it at 0700). EOPNOTSUPP makes tools fall back to
-/// chmod, as on any filesystem mounted without ACLs.
-fn is_acl_xattr(name: &OsStr) -> bool {
-    name.as_bytes().starts_with(b"system.posix_acl_")
+    ops: Arc<Operations>,
+    ring: Arc<Ring>,
 }
 
 fn time(t: TimeOrNow) -> SystemTime {
@@ -102,109 +37,71 @@ fn time(t: TimeOrNow) -> SystemTime {
     }
 }
 
+fn owner(req: &Request) -> Owner {
+    Owner {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn entry(reply: ReplyEntry, r: Result<fuser::FileAttr, Errno>) {
+    match r {
+        Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn attr(reply: ReplyAttr, r: Result<fuser::FileAttr, Errno>) {
+    match r {
+        Ok(a) => reply.attr(&TTL, &a),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn empty(reply: ReplyEmpty, r: Result<(), Errno>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn opened(reply: ReplyOpen, r: Result<Opened, Errno>) {
+    match r {
+        Ok(o) => reply.opened(FileHandle(o.fh), o.flags),
+        Err(e) => reply.error(e),
+    }
+}
+
+fn xattr(reply: ReplyXattr, r: Result<Xattr, Errno>) {
+    match r {
+        Ok(Xattr::Size(n)) => reply.size(n),
+        Ok(Xattr::Data(v)) => reply.data(&v),
+        Err(e) => reply.error(e),
+    }
+}
+
 impl TenantFs {
-    pub fn new(volume: impl Into<Arc<Volume>>, cache: CacheMode) -> Self {
+    /// The filesystem of `volume`, counting operations into `metrics` (shared with whoever
+    /// reports them), served over `transport`.
+    pub fn new(
+        volume: impl Into<Arc<Volume>>,
+        cache: CacheMode,
+        metrics: Arc<MountMetrics>,
+        transport: Transport,
+    ) -> Self {
         Self {
-            volume: volume.into(),
-            cache,
-            lookups: Mutex::new(HashMap::new()),
-            dirs: Mutex::new(HashMap::new()),
-            next_fh: AtomicU64::new(1),
-            metrics: MountMetrics::new(),
+            ops: Arc::new(Operations::new(volume.into(), cache, metrics)),
+            ring: Arc::new(Ring::new(transport)),
         }
     }
 
-    /// Counts operations into `metrics` (shared with whoever reports them).
-    pub fn with_metrics(mut self, metrics: Arc<MountMetrics>) -> Self {
-        self.metrics = metrics;
-        self
+    /// The ring of this filesystem: the mount hands it the session's device after mounting.
+    pub(crate) fn ring(&self) -> Arc<Ring> {
+        self.ring.clone()
     }
 
     pub fn volume(&self) -> &Volume {
-        &self.volume
-    }
-
-    /// Runs one request's call into the volume. A panic in it becomes EIO for that request
-    /// (logged), so the mount's worker thread, the mount and the daemon keep serving.
-    fn vol<T>(
-        &self,
-        what: &'static str,
-        f: impl FnOnce(&Volume) -> Result<T, VolumeError>,
-    ) -> Result<T, VolumeError> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&self.volume))).unwrap_or_else(
-            |panic| {
-                let detail = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_default();
-                tracing::error!(
-                    tenant = %self.volume.tenant().info().name,
-                    op = what,
-                    %detail,
-                    "a request panicked; it fails with EIO, the mount keeps serving"
-                );
-                Err(VolumeError::Panicked(what))
-            },
-        )
-    }
-
-    fn attr(&self, a: &Attr) -> FileAttr {
-        FileAttr {
-            ino: INodeNo(a.ino),
-            size: a.size,
-            blocks: a.blocks,
-            atime: a.atime,
-            mtime: a.mtime,
-            ctime: a.ctime,
-            crtime: a.crtime,
-            kind: file_type(a.kind),
-            perm: a.perm,
-            nlink: a.nlink,
-            uid: a.uid,
-            gid: a.gid,
-            rdev: a.rdev,
-            blksize: self.volume.block_size(),
-            flags: 0,
-        }
-    }
-
-    fn remember(&self, ino: u64) {
-        let mut l = self.lookups.lock().unwrap_or_else(|p| p.into_inner());
-        *l.entry(ino).or_insert(0) += 1;
-    }
-
-    fn reply_entry(&self, reply: ReplyEntry, r: Result<Attr, VolumeError>) {
-        match r {
-            Ok(a) => {
-                self.remember(a.ino);
-                reply.entry(&TTL, &self.attr(&a), Generation(0));
-            }
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn open_flags(&self) -> FopenFlags {
-        match self.cache {
-            CacheMode::Direct => FopenFlags::FOPEN_DIRECT_IO,
-            CacheMode::Kernel => FopenFlags::FOPEN_KEEP_CACHE,
-        }
-    }
-
-    fn empty(reply: ReplyEmpty, r: Result<(), VolumeError>) {
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
-    }
-
-    fn xattr_reply(reply: ReplyXattr, size: u32, r: Result<Vec<u8>, VolumeError>) {
-        match r {
-            Ok(v) if size == 0 => reply.size(v.len() as u32),
-            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
-            Ok(v) => reply.data(&v),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.ops.volume()
     }
 }
 
@@ -217,11 +114,35 @@ impl Filesystem for TenantFs {
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_ASYNC_DIO
             | InitFlags::FUSE_HANDLE_KILLPRIV;
-        let supported = config.capabilities() & wanted;
+        let mut supported = config.capabilities() & wanted;
+        // FUSE over io_uring is a promise: once negotiated, the kernel holds every request
+        // until each CPU's queue is registered. So the queues are set up (rings, buffers,
+        // threads) before it is offered; they register as soon as this reply is in.
+        if self.ring.wanted() {
+            if !config
+                .capabilities()
+                .contains(InitFlags::FUSE_OVER_IO_URING)
+            {
+                tracing::warn!(
+                    "the kernel does not offer FUSE over io_uring; serving over /dev/fuse"
+                );
+            } else {
+                match self.ring.start(self.ops.clone()) {
+                    Ok(queues) => {
+                        tracing::info!(queues, "serving FUSE requests over io_uring");
+                        supported |= InitFlags::FUSE_OVER_IO_URING;
+                    }
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "cannot set up the FUSE io_uring queues; serving over /dev/fuse"
+                    ),
+                }
+            }
+        }
         if let Err(missing) = config.add_capabilities(supported) {
             tracing::warn!(?missing, "kernel refused FUSE capabilities");
         }
-        if self.cache == CacheMode::Direct
+        if self.ops.cache() == CacheMode::Direct
             && !supported.contains(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
         {
             tracing::warn!(
@@ -232,50 +153,20 @@ impl Filesystem for TenantFs {
     }
 
     fn destroy(&mut self) {
-        if let Err(e) = self.vol("fsync", |v| v.fsync()) {
-            tracing::error!(error = %e, "final sync failed");
-        }
+        self.ring.stop();
+        self.ops.destroy();
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let t = Instant::now();
-        let r = self.vol("lookup", |v| v.lookup(parent.0, name.as_bytes()));
-        // A missing name is an answer, not an error.
-        let ok = r.is_ok() || matches!(r, Err(VolumeError::NotFound));
-        self.reply_entry(reply, r);
-        self.metrics.record(Op::Lookup, t, ok);
+        entry(reply, self.ops.lookup(parent.0, name.as_bytes()));
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
-        let gone = {
-            let mut l = self.lookups.lock().unwrap_or_else(|p| p.into_inner());
-            match l.get_mut(&ino.0) {
-                Some(n) if *n > nlookup => {
-                    *n -= nlookup;
-                    false
-                }
-                Some(_) => {
-                    l.remove(&ino.0);
-                    true
-                }
-                None => true,
-            }
-        };
-        if gone {
-            if let Err(e) = self.vol("forget", |v| v.forget(ino.0)) {
-                tracing::error!(ino = ino.0, error = %e, "cannot free a removed file");
-            }
-        }
+        self.ops.forget(ino.0, nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let t = Instant::now();
-        let r = self.vol("getattr", |v| v.getattr(ino.0));
-        self.metrics.record(Op::Getattr, t, r.is_ok());
-        match r {
-            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        }
+        attr(reply, self.ops.getattr(ino.0));
     }
 
     fn setattr(
@@ -305,16 +196,13 @@ impl Filesystem for TenantFs {
             mtime: mtime.map(time),
             ctime,
         };
-        match self.vol("setattr", |v| v.setattr(ino.0, &set)) {
-            Ok(a) => reply.attr(&TTL, &self.attr(&a)),
-            Err(e) => reply.error(errno(e)),
-        }
+        attr(reply, self.ops.setattr(ino.0, &set));
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.vol("readlink", |v| v.readlink(ino.0)) {
+        match self.ops.readlink(ino.0) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -328,24 +216,10 @@ impl Filesystem for TenantFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let Some(kind) = kind_from_mode(mode) else {
-            return reply.error(Errno::EINVAL);
-        };
-        let owner = Owner {
-            uid: req.uid(),
-            gid: req.gid(),
-        };
-        let r = self.vol("mknod", |v| {
-            v.mknod(
-                parent.0,
-                name.as_bytes(),
-                kind,
-                (mode & 0o7777) as u16,
-                owner,
-                rdev,
-            )
-        });
-        self.reply_entry(reply, r);
+        let r = self
+            .ops
+            .mknod(parent.0, name.as_bytes(), mode, rdev, owner(req));
+        entry(reply, r);
     }
 
     fn mkdir(
@@ -357,28 +231,18 @@ impl Filesystem for TenantFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let owner = Owner {
-            uid: req.uid(),
-            gid: req.gid(),
-        };
-        let r = self
-            .volume
-            .mkdir(parent.0, name.as_bytes(), (mode & 0o7777) as u16, owner);
-        self.reply_entry(reply, r);
+        entry(
+            reply,
+            self.ops.mkdir(parent.0, name.as_bytes(), mode, owner(req)),
+        );
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let t = Instant::now();
-        let r = self.vol("unlink", |v| v.unlink(parent.0, name.as_bytes()));
-        self.metrics.record(Op::Unlink, t, r.is_ok());
-        Self::empty(reply, r);
+        empty(reply, self.ops.unlink(parent.0, name.as_bytes()));
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        Self::empty(
-            reply,
-            self.vol("rmdir", |v| v.rmdir(parent.0, name.as_bytes())),
-        );
+        empty(reply, self.ops.rmdir(parent.0, name.as_bytes()));
     }
 
     fn symlink(
@@ -389,19 +253,13 @@ impl Filesystem for TenantFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let owner = Owner {
-            uid: req.uid(),
-            gid: req.gid(),
-        };
-        let r = self.vol("symlink", |v| {
-            v.symlink(
-                parent.0,
-                link_name.as_bytes(),
-                target.as_os_str().as_bytes(),
-                owner,
-            )
-        });
-        self.reply_entry(reply, r);
+        let r = self.ops.symlink(
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+            owner(req),
+        );
+        entry(reply, r);
     }
 
     fn rename(
@@ -414,27 +272,14 @@ impl Filesystem for TenantFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let mode = if flags.contains(RenameFlags::RENAME_EXCHANGE) {
-            RenameMode::Exchange
-        } else if flags.contains(RenameFlags::RENAME_NOREPLACE) {
-            RenameMode::NoReplace
-        } else if flags.is_empty() {
-            RenameMode::Replace
-        } else {
-            return reply.error(Errno::EINVAL);
-        };
-        Self::empty(
-            reply,
-            self.vol("rename", |v| {
-                v.rename(
-                    parent.0,
-                    name.as_bytes(),
-                    newparent.0,
-                    newname.as_bytes(),
-                    mode,
-                )
-            }),
+        let r = self.ops.rename(
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
         );
+        empty(reply, r);
     }
 
     fn link(
@@ -445,18 +290,11 @@ impl Filesystem for TenantFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        self.reply_entry(
-            reply,
-            self.vol("link", |v| v.link(ino.0, newparent.0, newname.as_bytes())),
-        );
+        entry(reply, self.ops.link(ino.0, newparent.0, newname.as_bytes()));
     }
 
     fn open(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        match self.vol("getattr", |v| v.getattr(ino.0)) {
-            Ok(a) if a.kind == FileKind::Dir => reply.error(Errno::EISDIR),
-            Ok(_) => reply.opened(FileHandle(0), self.open_flags()),
-            Err(e) => reply.error(errno(e)),
-        }
+        opened(reply, self.ops.open(ino.0));
     }
 
     fn read(
@@ -475,16 +313,10 @@ impl Filesystem for TenantFs {
             // in all its pages again (one minor fault per 4 KiB read).
             static BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
         }
-        let t = Instant::now();
         BUFFER.with_borrow_mut(|out| {
-            let r = self.vol("read", |v| v.read_into(ino.0, offset, size, out));
-            self.metrics.record(Op::Read, t, r.is_ok());
-            match r {
-                Ok(()) => {
-                    self.metrics.add_read_bytes(out.len() as u64);
-                    reply.data(out)
-                }
-                Err(e) => reply.error(errno(e)),
+            match self.ops.read(ino.0, offset, size, out) {
+                Ok(()) => reply.data(out),
+                Err(e) => reply.error(e),
             }
             // A buffer grown by an unusually large request is not kept.
             if out.capacity() > 2 * MAX_WRITE as usize {
@@ -505,15 +337,9 @@ impl Filesystem for TenantFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let t = Instant::now();
-        let r = self.vol("write", |v| v.write(ino.0, offset, data));
-        self.metrics.record(Op::Write, t, r.is_ok());
-        match r {
-            Ok(n) => {
-                self.metrics.add_written_bytes(n.into());
-                reply.written(n)
-            }
-            Err(e) => reply.error(errno(e)),
+        match self.ops.write(ino.0, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -538,42 +364,11 @@ impl Filesystem for TenantFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let t = Instant::now();
-        let r = self.vol("fsync", |v| v.fsync());
-        self.metrics.record(Op::Fsync, t, r.is_ok());
-        Self::empty(reply, r);
+        empty(reply, self.ops.fsync());
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let listing = self
-            .vol("readdir", |v| v.readdir(ino.0))
-            .and_then(|entries| {
-                let attr = self.vol("getattr", |v| v.getattr(ino.0))?;
-                let mut all = Vec::with_capacity(entries.len() + 2);
-                all.push(DirEntry {
-                    name: b".".to_vec(),
-                    ino: ino.0,
-                    kind: FileKind::Dir,
-                });
-                all.push(DirEntry {
-                    name: b"..".to_vec(),
-                    ino: attr.parent,
-                    kind: FileKind::Dir,
-                });
-                all.extend(entries);
-                Ok(all)
-            });
-        match listing {
-            Ok(all) => {
-                let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-                self.dirs
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(fh, all);
-                reply.opened(FileHandle(fh), FopenFlags::empty());
-            }
-            Err(e) => reply.error(errno(e)),
-        }
+        opened(reply, self.ops.opendir(ino.0));
     }
 
     fn readdir(
@@ -584,21 +379,13 @@ impl Filesystem for TenantFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(entries) = dirs.get(&fh.0) else {
-            return reply.error(Errno::EBADF);
-        };
-        for (i, e) in entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(
-                INodeNo(e.ino),
-                (i + 1) as u64,
-                file_type(e.kind),
-                OsStr::from_bytes(&e.name),
-            ) {
-                break;
-            }
+        let r = self.ops.readdir(fh.0, offset, |ino, next, kind, name| {
+            reply.add(INodeNo(ino), next, kind, OsStr::from_bytes(name))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn readdirplus(
@@ -609,39 +396,13 @@ impl Filesystem for TenantFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let entries: Vec<(usize, DirEntry)> = {
-            let dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
-            let Some(entries) = dirs.get(&fh.0) else {
-                return reply.error(Errno::EBADF);
-            };
-            entries
-                .iter()
-                .cloned()
-                .enumerate()
-                .skip(offset as usize)
-                .collect()
-        };
-        for (i, e) in entries {
-            // An entry removed since opendir is skipped.
-            let Ok(a) = self.vol("getattr", |v| v.getattr(e.ino)) else {
-                continue;
-            };
-            let dot = e.name == b"." || e.name == b"..";
-            if reply.add(
-                INodeNo(e.ino),
-                (i + 1) as u64,
-                OsStr::from_bytes(&e.name),
-                &TTL,
-                &self.attr(&a),
-                Generation(0),
-            ) {
-                break;
-            }
-            if !dot {
-                self.remember(e.ino);
-            }
+        let r = self.ops.readdirplus(fh.0, offset, |next, name, a| {
+            reply.add(a.ino, next, OsStr::from_bytes(name), &TTL, a, Generation(0))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
-        reply.ok();
     }
 
     fn releasedir(
@@ -652,10 +413,7 @@ impl Filesystem for TenantFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.dirs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&fh.0);
+        self.ops.releasedir(fh.0);
         reply.ok();
     }
 
@@ -667,14 +425,11 @@ impl Filesystem for TenantFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let t = Instant::now();
-        let r = self.vol("fsync", |v| v.fsync());
-        self.metrics.record(Op::Fsync, t, r.is_ok());
-        Self::empty(reply, r);
+        empty(reply, self.ops.fsync());
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.vol("statfs", |v| v.statfs()) {
+        match self.ops.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks,
                 s.blocks_free,
@@ -685,7 +440,7 @@ impl Filesystem for TenantFs {
                 s.name_max,
                 s.block_size,
             ),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -699,59 +454,26 @@ impl Filesystem for TenantFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        if is_acl_xattr(name) {
-            return reply.error(Errno::EOPNOTSUPP);
-        }
-        let mode = match flags {
-            0 => XattrMode::Any,
-            libc::XATTR_CREATE => XattrMode::Create,
-            libc::XATTR_REPLACE => XattrMode::Replace,
-            _ => return reply.error(Errno::EINVAL),
-        };
-        Self::empty(
+        empty(
             reply,
-            self.vol("setxattr", |v| {
-                v.setxattr(ino.0, name.as_bytes(), value, mode)
-            }),
+            self.ops.setxattr(ino.0, name.as_bytes(), value, flags),
         );
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        if is_acl_xattr(name) {
-            return reply.error(Errno::EOPNOTSUPP);
-        }
-        Self::xattr_reply(
-            reply,
-            size,
-            self.vol("getxattr", |v| v.getxattr(ino.0, name.as_bytes())),
-        );
+        xattr(reply, self.ops.getxattr(ino.0, name.as_bytes(), size));
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let names = self.vol("listxattr", |v| v.listxattr(ino.0)).map(|list| {
-            list.split_inclusive(|&b| b == 0)
-                .filter(|n| !is_acl_xattr(OsStr::from_bytes(n.strip_suffix(&[0]).unwrap_or(n))))
-                .flatten()
-                .copied()
-                .collect()
-        });
-        Self::xattr_reply(reply, size, names);
+        xattr(reply, self.ops.listxattr(ino.0, size));
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        if is_acl_xattr(name) {
-            return reply.error(Errno::EOPNOTSUPP);
-        }
-        Self::empty(
-            reply,
-            self.vol("removexattr", |v| v.removexattr(ino.0, name.as_bytes())),
-        );
+        empty(reply, self.ops.removexattr(ino.0, name.as_bytes()));
     }
 
     fn access(&self, _req: &Request, ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
-        // Permission bits are enforced by the kernel (default_permissions); this only says
-        // whether the inode exists.
-        Self::empty(reply, self.vol("getattr", |v| v.getattr(ino.0)).map(|_| ()));
+        empty(reply, self.ops.access(ino.0));
     }
 
     fn create(
@@ -764,34 +486,9 @@ impl Filesystem for TenantFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let owner = Owner {
-            uid: req.uid(),
-            gid: req.gid(),
-        };
-        let t = Instant::now();
-        let r = self.vol("mknod", |v| {
-            v.mknod(
-                parent.0,
-                name.as_bytes(),
-                FileKind::File,
-                (mode & 0o7777) as u16,
-                owner,
-                0,
-            )
-        });
-        self.metrics.record(Op::Create, t, r.is_ok());
-        match r {
-            Ok(a) => {
-                self.remember(a.ino);
-                reply.created(
-                    &TTL,
-                    &self.attr(&a),
-                    Generation(0),
-                    FileHandle(0),
-                    self.open_flags(),
-                );
-            }
-            Err(e) => reply.error(errno(e)),
+        match self.ops.create(parent.0, name.as_bytes(), mode, owner(req)) {
+            Ok((a, o)) => reply.created(&TTL, &a, Generation(0), FileHandle(o.fh), o.flags),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -805,17 +502,7 @@ impl Filesystem for TenantFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE != 0;
-        let op = match mode & !libc::FALLOC_FL_KEEP_SIZE {
-            0 => Fallocate::Allocate { keep_size },
-            libc::FALLOC_FL_PUNCH_HOLE if keep_size => Fallocate::PunchHole,
-            libc::FALLOC_FL_ZERO_RANGE => Fallocate::ZeroRange { keep_size },
-            _ => return reply.error(Errno::EOPNOTSUPP),
-        };
-        Self::empty(
-            reply,
-            self.vol("fallocate", |v| v.fallocate(ino.0, offset, length, op)),
-        );
+        empty(reply, self.ops.fallocate(ino.0, offset, length, mode));
     }
 
     /// No ioctl is supported: ENOTTY, the answer of a file that is not a terminal, which is
@@ -877,46 +564,9 @@ impl Filesystem for TenantFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        if offset < 0 {
-            return reply.error(Errno::ENXIO);
-        }
-        let r = match whence {
-            libc::SEEK_DATA => self.vol("seek_data", |v| v.seek_data(ino.0, offset as u64)),
-            libc::SEEK_HOLE => self.vol("seek_hole", |v| v.seek_hole(ino.0, offset as u64)),
-            libc::SEEK_SET => Ok(offset as u64),
-            _ => return reply.error(Errno::EINVAL),
-        };
-        match r {
+        match self.ops.lseek(ino.0, offset, whence) {
             Ok(o) => reply.offset(o as i64),
-            Err(e) => reply.error(errno(e)),
+            Err(e) => reply.error(e),
         }
-    }
-}
-
-#[cfg(test)]
-mod panic_tests {
-    use super::*;
-
-    #[test]
-    fn a_panicking_request_is_eio_and_the_volume_keeps_serving() {
-        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
-        let root = tmp.path().join("data");
-        crate::data_dir::DataDir::init(&root, None).unwrap();
-        let data = crate::data_dir::DataDir::open(&root, None).unwrap();
-        let host = crate::store::StoreHost::builder()
-            .block_cache_bytes(8 << 20)
-            .build();
-        crate::tenants::create(&data, &host, "p", None).unwrap();
-        let volume = Volume::open(crate::tenants::open(&data, &host, "p").unwrap()).unwrap();
-        let fs = TenantFs::new(volume, CacheMode::Direct);
-        let r: Result<(), VolumeError> = fs.vol("test", |_| panic!("injected"));
-        let e = r.unwrap_err();
-        assert!(matches!(e, VolumeError::Panicked("test")), "{e}");
-        assert_eq!(e.errno(), libc::EIO);
-        // The same volume answers the next request.
-        let a = fs
-            .vol("getattr", |v| v.getattr(crate::volume::ROOT_INO))
-            .unwrap();
-        assert_eq!(a.kind, FileKind::Dir);
     }
 }

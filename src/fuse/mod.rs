@@ -1,8 +1,11 @@
-//! The FUSE side of a tenant filesystem: the fuser adapter over [`crate::volume::Volume`] and
-//! mounting, serving and unmounting.
+//! The FUSE side of a tenant filesystem: the operations over [`crate::volume::Volume`], the
+//! two transports that carry requests to them (fuser over /dev/fuse, and FUSE over io_uring),
+//! and mounting, serving and unmounting.
 
 mod adapter;
 mod mount;
+mod ops;
+mod ring;
 
 pub use adapter::{CacheMode, TenantFs};
 pub use mount::{
@@ -10,3 +13,4 @@ pub use mount::{
     unmount, wait_for_shutdown_signal, MountEntry, MountError, MountOptions, MountedTenant,
     FS_TYPE,
 };
+pub use ring::{kernel_enabled as uring_enabled, Transport, ENABLE_PARAMETER as URING_PARAMETER};

@@ -13,6 +13,7 @@ use fuser::{Config, MountOption, SessionACL};
 use nix::sys::signal::{SigSet, Signal};
 
 use super::adapter::{CacheMode, TenantFs};
+use super::ring::{self, Transport};
 use crate::volume::Volume;
 
 /// Threads answering FUSE requests for one mount.
@@ -35,8 +36,10 @@ pub enum MountError {
     NotTenantfs { path: PathBuf, fstype: String },
     #[error("{0} is busy: a process still uses files under it (see `fuser -vm {0}`); stop it and try again")]
     Busy(PathBuf),
-    #[error("unknown mount option {0:?}: use cache=direct, cache=kernel, ro or rw")]
+    #[error("unknown mount option {0:?}: use cache=direct, cache=kernel, transport=auto, transport=uring, transport=dev, ro or rw")]
     BadOption(String),
+    #[error("transport=uring asks for FUSE over io_uring, which this kernel has off: as root, `echo Y > {}` (Linux 6.14 or newer), or mount with transport=auto or transport=dev", ring::ENABLE_PARAMETER)]
+    UringOff,
     #[error("cannot mount at {path}: {source}")]
     Mount { path: PathBuf, source: io::Error },
     #[error("cannot unmount {path}: {source}")]
@@ -48,6 +51,8 @@ pub enum MountError {
 pub struct MountOptions {
     pub cache: CacheMode,
     pub read_only: bool,
+    /// How requests reach the daemon (`transport=auto|uring|dev`).
+    pub transport: Transport,
 }
 
 impl MountOptions {
@@ -60,6 +65,10 @@ impl MountOptions {
                 "cache=direct" => o.cache = CacheMode::Direct,
                 "cache=kernel" => o.cache = CacheMode::Kernel,
                 "ro" => o.read_only = true,
+                t if t.starts_with("transport=") => {
+                    o.transport = Transport::parse(&t["transport=".len()..])
+                        .ok_or_else(|| MountError::BadOption(t.to_owned()))?;
+                }
                 "rw" => o.read_only = false,
                 "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "atime" | "noatime"
                 | "relatime" | "auto" | "noauto" | "nofail" | "defaults" | "_netdev" => {}
@@ -251,6 +260,30 @@ fn session_config(tenant: &str, options: &MountOptions) -> Config {
     cfg
 }
 
+/// Mounts `fs` and hands its io_uring side the session's device (a duplicate: fuser keeps
+/// reading the original for INIT, FORGET and INTERRUPT).
+fn open_session(
+    fs: TenantFs,
+    mountpoint: &Path,
+    cfg: &Config,
+    options: &MountOptions,
+) -> Result<fuser::Session<TenantFs>, MountError> {
+    if options.transport == Transport::Uring && !ring::kernel_enabled() {
+        return Err(MountError::UringOff);
+    }
+    let mount_err = |source| MountError::Mount {
+        path: mountpoint.to_owned(),
+        source,
+    };
+    let ring = fs.ring();
+    let session = fuser::Session::new(fs, mountpoint, cfg).map_err(mount_err)?;
+    if options.transport != Transport::Device {
+        use std::os::fd::AsFd;
+        ring.set_device(session.as_fd().try_clone_to_owned().map_err(mount_err)?);
+    }
+    Ok(session)
+}
+
 /// A tenant mounted and served by threads of this process (the daemon's mounts). The store
 /// stays open until the session ends: by [`MountedTenant::unmount`], or by umount(8).
 pub struct MountedTenant {
@@ -277,13 +310,12 @@ pub fn spawn_mount(
     let metrics = crate::metrics::MountMetrics::new();
     let volume = std::sync::Arc::new(volume);
     let served = std::sync::Arc::downgrade(&volume);
-    let fs = TenantFs::new(volume, options.cache).with_metrics(metrics.clone());
+    let fs = TenantFs::new(volume, options.cache, metrics.clone(), options.transport);
     let mount_err = |source| MountError::Mount {
         path: mountpoint.to_owned(),
         source,
     };
-    let mut session = fuser::Session::new(fs, mountpoint, &session_config(&tenant, options))
-        .map_err(mount_err)?;
+    let mut session = open_session(fs, mountpoint, &session_config(&tenant, options), options)?;
     let unmounter = session.unmount_callable();
     let name = format!("tenantfs-{tenant}");
     let path = mountpoint.to_owned();
@@ -379,7 +411,12 @@ pub fn serve(
 ) -> Result<(), MountError> {
     prepare_mountpoint(mountpoint)?;
     let tenant = volume.tenant().info().name.clone();
-    let fs = TenantFs::new(volume, options.cache);
+    let fs = TenantFs::new(
+        volume,
+        options.cache,
+        crate::metrics::MountMetrics::new(),
+        options.transport,
+    );
     let cfg = session_config(&tenant, options);
 
     // Signals are taken by one thread with sigwait; block them before fuser starts threads.
@@ -390,7 +427,7 @@ pub fn serve(
         path: mountpoint.to_owned(),
         source,
     };
-    let mut session = fuser::Session::new(fs, mountpoint, &cfg).map_err(mount_err)?;
+    let mut session = open_session(fs, mountpoint, &cfg, options)?;
     let mut unmounter = session.unmount_callable();
     let path = mountpoint.to_owned();
     std::thread::Builder::new()

@@ -1,0 +1,215 @@
+//! One ring request -> one call of [`Operations`] -> the reply's bytes. The request's fixed
+//! struct is in the entry header's op area, its names and data in the payload; the reply
+//! goes into the same payload buffer once the request's arguments have been used.
+
+use fuser::Errno;
+
+use super::abi::{self, fattr, opcode, Fields, InHeader, Out};
+use crate::fuse::ops::{system_time, Operations, Xattr, TTL};
+use crate::volume::{Owner, SetAttr};
+
+/// Answers one request: the reply's payload length, or the errno to send instead.
+/// `payload` holds `in_len` bytes of request and receives the reply; `scratch` is a reused
+/// read buffer.
+pub fn answer(
+    ops: &Operations,
+    h: &InHeader,
+    op_in: &[u8],
+    payload: &mut [u8],
+    in_len: usize,
+    scratch: &mut Vec<u8>,
+) -> Result<usize, Errno> {
+    let f = Fields(op_in);
+    let bad = || Errno::EINVAL;
+    let input = payload.get(..in_len).ok_or_else(bad)?;
+    let ino = h.nodeid;
+    let owner = Owner {
+        uid: h.uid,
+        gid: h.gid,
+    };
+    let one_name = || abi::names::<1>(input).map(|([n], _)| n).ok_or_else(bad);
+    match h.opcode {
+        opcode::LOOKUP => {
+            let a = ops.lookup(ino, one_name()?)?;
+            entry(payload, &a)
+        }
+        opcode::GETATTR => {
+            let a = ops.getattr(ino)?;
+            let mut out = Out::new(payload);
+            abi::attr_out(&mut out, &a, TTL);
+            Ok(out.len())
+        }
+        opcode::SETATTR => {
+            let valid = f.u32(0).ok_or_else(bad)?;
+            let has = |bit| valid & bit != 0;
+            let time = |set, now, secs_at, nanos_at| -> Option<std::time::SystemTime> {
+                if !has(set) {
+                    None
+                } else if has(now) {
+                    Some(std::time::SystemTime::now())
+                } else {
+                    Some(system_time(f.u64(secs_at)?, f.u32(nanos_at)?))
+                }
+            };
+            let set = SetAttr {
+                perm: has(fattr::MODE).then(|| (f.u32(68).unwrap_or(0) & 0o7777) as u16),
+                uid: has(fattr::UID).then(|| f.u32(76)).flatten(),
+                gid: has(fattr::GID).then(|| f.u32(80)).flatten(),
+                size: has(fattr::SIZE).then(|| f.u64(16)).flatten(),
+                atime: time(fattr::ATIME, fattr::ATIME_NOW, 32, 56),
+                mtime: time(fattr::MTIME, fattr::MTIME_NOW, 40, 60),
+                ctime: has(fattr::CTIME)
+                    .then(|| Some(system_time(f.u64(48)?, f.u32(64)?)))
+                    .flatten(),
+            };
+            let a = ops.setattr(ino, &set)?;
+            let mut out = Out::new(payload);
+            abi::attr_out(&mut out, &a, TTL);
+            Ok(out.len())
+        }
+        opcode::READLINK => {
+            let target = ops.readlink(ino)?;
+            data(payload, &target)
+        }
+        opcode::SYMLINK => {
+            let ([name, target], _) = abi::names::<2>(input).ok_or_else(bad)?;
+            let a = ops.symlink(ino, name, target, owner)?;
+            entry(payload, &a)
+        }
+        opcode::MKNOD => {
+            let (mode, rdev) = (f.u32(0).ok_or_else(bad)?, f.u32(4).ok_or_else(bad)?);
+            let a = ops.mknod(ino, one_name()?, mode, rdev, owner)?;
+            entry(payload, &a)
+        }
+        opcode::MKDIR => {
+            let a = ops.mkdir(ino, one_name()?, f.u32(0).ok_or_else(bad)?, owner)?;
+            entry(payload, &a)
+        }
+        opcode::UNLINK => ops.unlink(ino, one_name()?).map(|()| 0),
+        opcode::RMDIR => ops.rmdir(ino, one_name()?).map(|()| 0),
+        opcode::RENAME | opcode::RENAME2 => {
+            let new_parent = f.u64(0).ok_or_else(bad)?;
+            let flags = match h.opcode {
+                opcode::RENAME2 => f.u32(8).ok_or_else(bad)?,
+                _ => 0,
+            };
+            let ([name, new_name], _) = abi::names::<2>(input).ok_or_else(bad)?;
+            ops.rename(ino, name, new_parent, new_name, flags)
+                .map(|()| 0)
+        }
+        opcode::LINK => {
+            let old = f.u64(0).ok_or_else(bad)?;
+            let a = ops.link(old, ino, one_name()?)?;
+            entry(payload, &a)
+        }
+        opcode::OPEN | opcode::OPENDIR => {
+            let o = match h.opcode {
+                opcode::OPEN => ops.open(ino)?,
+                _ => ops.opendir(ino)?,
+            };
+            let mut out = Out::new(payload);
+            abi::open_out(&mut out, o.fh, o.flags.bits());
+            Ok(out.len())
+        }
+        opcode::READ => {
+            let (offset, size) = (f.u64(8).ok_or_else(bad)?, f.u32(16).ok_or_else(bad)?);
+            ops.read(ino, offset, size, scratch)?;
+            data(payload, scratch)
+        }
+        opcode::WRITE => {
+            let (offset, size) = (f.u64(8).ok_or_else(bad)?, f.u32(16).ok_or_else(bad)?);
+            let bytes = input.get(..size as usize).ok_or_else(bad)?;
+            let n = ops.write(ino, offset, bytes)?;
+            let mut out = Out::new(payload);
+            out.u32(n).u32(0);
+            Ok(out.len())
+        }
+        opcode::STATFS => {
+            let s = ops.statfs()?;
+            let mut out = Out::new(payload);
+            abi::statfs_out(&mut out, &s);
+            Ok(out.len())
+        }
+        opcode::RELEASE => Ok(0),
+        opcode::RELEASEDIR => {
+            ops.releasedir(f.u64(0).ok_or_else(bad)?);
+            Ok(0)
+        }
+        opcode::FSYNC | opcode::FSYNCDIR => ops.fsync().map(|()| 0),
+        opcode::SETXATTR => {
+            let (size, flags) = (f.u32(0).ok_or_else(bad)?, f.u32(4).ok_or_else(bad)?);
+            let ([name], value) = abi::names::<1>(input).ok_or_else(bad)?;
+            let value = value.get(..size as usize).ok_or_else(bad)?;
+            ops.setxattr(ino, name, value, flags as i32).map(|()| 0)
+        }
+        opcode::GETXATTR | opcode::LISTXATTR => {
+            let size = f.u32(0).ok_or_else(bad)?;
+            let x = match h.opcode {
+                opcode::GETXATTR => ops.getxattr(ino, one_name()?, size)?,
+                _ => ops.listxattr(ino, size)?,
+            };
+            match x {
+                Xattr::Size(n) => {
+                    let mut out = Out::new(payload);
+                    out.u32(n).u32(0);
+                    Ok(out.len())
+                }
+                Xattr::Data(v) => data(payload, &v),
+            }
+        }
+        opcode::REMOVEXATTR => ops.removexattr(ino, one_name()?).map(|()| 0),
+        opcode::ACCESS => ops.access(ino).map(|()| 0),
+        opcode::CREATE => {
+            let mode = f.u32(4).ok_or_else(bad)?;
+            let (a, o) = ops.create(ino, one_name()?, mode, owner)?;
+            let mut out = Out::new(payload);
+            abi::entry_out(&mut out, &a, TTL);
+            abi::open_out(&mut out, o.fh, o.flags.bits());
+            Ok(out.len())
+        }
+        opcode::FALLOCATE => {
+            let (offset, length) = (f.u64(8).ok_or_else(bad)?, f.u64(16).ok_or_else(bad)?);
+            let mode = f.u32(24).ok_or_else(bad)?;
+            ops.fallocate(ino, offset, length, mode as i32).map(|()| 0)
+        }
+        opcode::READDIR | opcode::READDIRPLUS => {
+            let (fh, offset) = (f.u64(0).ok_or_else(bad)?, f.u64(8).ok_or_else(bad)?);
+            let size = (f.u32(16).ok_or_else(bad)? as usize).min(payload.len());
+            let mut out = Out::new(&mut payload[..size]);
+            if h.opcode == opcode::READDIR {
+                ops.readdir(fh, offset, |ino, next, kind, name| {
+                    !abi::dirent(&mut out, ino, next, kind, name)
+                })?;
+            } else {
+                ops.readdirplus(fh, offset, |next, name, a| {
+                    !abi::direntplus(&mut out, next, name, a, TTL)
+                })?;
+            }
+            Ok(out.len())
+        }
+        opcode::LSEEK => {
+            let (offset, whence) = (f.u64(8).ok_or_else(bad)?, f.u32(16).ok_or_else(bad)?);
+            let o = ops.lseek(ino, offset as i64, whence as i32)?;
+            let mut out = Out::new(payload);
+            out.u64(o);
+            Ok(out.len())
+        }
+        // isatty() asks on every open; ENOTTY is the answer of a file that is no terminal.
+        opcode::IOCTL => Err(Errno::ENOTTY),
+        // FLUSH (nothing is buffered), POLL, COPY_FILE_RANGE, locks, ...: the kernel
+        // remembers ENOSYS and stops asking.
+        _ => Err(Errno::ENOSYS),
+    }
+}
+
+fn entry(payload: &mut [u8], a: &fuser::FileAttr) -> Result<usize, Errno> {
+    let mut out = Out::new(payload);
+    abi::entry_out(&mut out, a, TTL);
+    Ok(out.len())
+}
+
+fn data(payload: &mut [u8], bytes: &[u8]) -> Result<usize, Errno> {
+    let dst = payload.get_mut(..bytes.len()).ok_or(Errno::EIO)?;
+    dst.copy_from_slice(bytes);
+    Ok(bytes.len())
+}
