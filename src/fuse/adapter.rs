@@ -110,10 +110,15 @@ impl Filesystem for TenantFs {
         let _ = config.set_max_write(MAX_WRITE);
         // FUSE_HANDLE_KILLPRIV: the volume clears setuid/setgid on write, truncate and chown
         // itself, so the kernel does not fetch the attributes before each chown.
+        // FUSE_DO_READDIRPLUS with _AUTO: a directory listing that is followed by lookups
+        // (tar c, cp -a, rm -rf, find) comes with every entry's attributes, so the kernel
+        // fills its dentries from it instead of sending one LOOKUP per name.
         let wanted = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_HANDLE_KILLPRIV;
+            | InitFlags::FUSE_HANDLE_KILLPRIV
+            | InitFlags::FUSE_DO_READDIRPLUS
+            | InitFlags::FUSE_READDIRPLUS_AUTO;
         let mut supported = config.capabilities() & wanted;
         // FUSE over io_uring is a promise: once negotiated, the kernel holds every request
         // until each CPU's queue is registered. So the queues are set up (rings, buffers,
