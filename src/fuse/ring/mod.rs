@@ -110,15 +110,14 @@ enum DeviceState {
 }
 
 impl DeviceSlot {
-    /// A duplicate of the device once it is set; None if the ring stopped first or nothing
-    /// came in time.
+    /// A duplicate of the device once it is set; None if the ring stopped first. No
+    /// timeout: once io_uring is negotiated the kernel holds every request until all queues
+    /// register, so a queue gives up only when the ring is stopped (the mount failed or ended).
     fn wait(&self) -> Option<io::Result<OwnedFd>> {
         let guard = self.fd.lock().unwrap_or_else(|p| p.into_inner());
-        let (guard, _) = self
+        let guard = self
             .changed
-            .wait_timeout_while(guard, REGISTER_PATIENCE, |s| {
-                matches!(s, DeviceState::Waiting)
-            })
+            .wait_while(guard, |s| matches!(s, DeviceState::Waiting))
             .unwrap_or_else(|p| p.into_inner());
         match &*guard {
             DeviceState::Set(fd) => Some(fd.try_clone()),
