@@ -52,6 +52,7 @@ bench: build
 	$(CARGO) run --release --example bench_cache_regimes
 	$(CARGO) run --release --example bench_fuse_fio
 	$(CARGO) run --release --example bench_fio_suite
+	$(CARGO) run --release --example bench_extent_size
 	$(CARGO) run --release --example bench_block_cache
 	$(CARGO) run --release --example bench_pack_io
 	$(CARGO) run --release --example bench_base
