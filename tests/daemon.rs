@@ -798,10 +798,7 @@ fn threads_named(pid: u32, prefix: &str) -> usize {
 /// clear error.
 #[test]
 fn io_uring_and_dev_fuse_transports_serve_side_by_side() {
-    let p = tenantfs::fuse::URING_PARAMETER;
-    if !tenantfs::fuse::uring_enabled() {
-        std::fs::write(p, "Y").unwrap_or_else(|e| panic!("cannot enable {p}: {e}"));
-    }
+    enable_fuse_uring();
     let h = Host::new("transport");
     let (mr, md) = (h.dir("ring"), h.dir("dev"));
     h.create_tenant("r");
@@ -870,4 +867,28 @@ fn io_uring_and_dev_fuse_transports_serve_side_by_side() {
     ]);
     assert!(err.contains("transport=uring"), "{err}");
     d.terminate_cleanly(&[&mr, &md]);
+}
+
+/// A ring queue that cannot submit (failpoint: its io_uring refuses the queue thread, EEXIST)
+/// after FUSE over io_uring was negotiated: the kernel would hold every request until all
+/// queues register, so the queue turns the ring off for that mount and it serves over
+/// /dev/fuse; nothing hangs, nothing is lost.
+#[test]
+fn a_ring_queue_that_cannot_submit_falls_back_to_dev_fuse() {
+    enable_fuse_uring();
+    let h = Host::new("ringfail");
+    let m = h.dir("m");
+    h.create_tenant("f");
+    let notify = h.root().join("notify");
+    let (mut d, _n) = start_daemon_env(&h, &notify, &[("TENANTFS_FAILPOINTS", "fuse-ring-submit")]);
+    h.ok(&["mount", "-o", "transport=uring", "f", m.to_str().unwrap()]);
+    std::fs::write(m.join("a"), b"still served").unwrap();
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), b"still served");
+    assert_eq!(mount_stats(&h, "f")["ring_requests"].as_u64(), Some(0));
+    let log = std::fs::read_to_string(h.root().join("daemon.log")).unwrap();
+    assert!(
+        log.contains("FUSE over io_uring turned off for this mount: serving over /dev/fuse"),
+        "{log}"
+    );
+    d.terminate_cleanly(&[&m]);
 }

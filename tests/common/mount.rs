@@ -617,6 +617,14 @@ pub fn sync_dir(path: &Path) {
     std::fs::File::open(path).unwrap().sync_all().unwrap();
 }
 
+/// Lets this kernel serve FUSE over io_uring (root; Linux >= 6.14 with CONFIG_FUSE_IO_URING).
+pub fn enable_fuse_uring() {
+    let p = tenantfs::fuse::URING_PARAMETER;
+    if !tenantfs::fuse::uring_enabled() {
+        std::fs::write(p, "Y").unwrap_or_else(|e| panic!("cannot enable {p}: {e}"));
+    }
+}
+
 /// A running `tenantfs daemon`; killed on drop.
 pub struct Daemon(pub std::process::Child);
 

@@ -260,8 +260,13 @@ impl Queue {
     fn new(qid: u16, cpu: usize) -> io::Result<Self> {
         let stop = nix::sys::eventfd::EventFd::from_flags(nix::sys::eventfd::EfdFlags::EFD_CLOEXEC)
             .map_err(io::Error::from)?;
-        let uring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .build((ENTRIES_PER_QUEUE as u32 + 1).next_power_of_two())?;
+        let mut builder = IoUring::<squeue::Entry128, cqueue::Entry>::builder();
+        if failpoint_submit() {
+            // A ring only this (the INIT) thread may submit to: the queue thread's first
+            // submission is refused by the kernel (EEXIST), as a broken io_uring would be.
+            builder.setup_single_issuer();
+        }
+        let uring = builder.build((ENTRIES_PER_QUEUE as u32 + 1).next_power_of_two())?;
         Ok(Self {
             qid,
             cpu,
@@ -334,10 +339,18 @@ impl Queue {
         }
         let started = Instant::now();
         let mut completions = Vec::with_capacity(ENTRIES_PER_QUEUE + 1);
+        let mut submitted = false;
         loop {
             match self.uring.submit_and_wait(1) {
-                Ok(_) => {}
+                Ok(_) => submitted = true,
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) if !submitted => {
+                    // The entries never reached the kernel, which holds every request until
+                    // they do: turn the ring off for this mount instead.
+                    tracing::error!(qid = self.qid, error = %e, "FUSE ring queue cannot submit");
+                    self.fall_back();
+                    return;
+                }
                 Err(e) => {
                     tracing::error!(qid = self.qid, error = %e, "FUSE ring queue failed");
                     return;
@@ -380,6 +393,40 @@ impl Queue {
         }
     }
 
+    /// Makes the kernel serve this mount over /dev/fuse: a REGISTER it refuses (no buffers)
+    /// turns FUSE over io_uring off for the connection (`fc->io_uring = 0`), and the requests
+    /// waiting for the ring go to /dev/fuse. For a queue that failed before its entries
+    /// reached the kernel.
+    fn fall_back(&self) {
+        let refused = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+            .build(1)
+            .and_then(|mut uring| {
+                let mut req = [0u8; 80];
+                req[16..18].copy_from_slice(&self.qid.to_le_bytes());
+                let fd = self.device.as_ref().map_or(-1, |d| d.as_raw_fd());
+                let sqe = opcode::UringCmd80::new(types::Fd(fd), abi::CMD_REGISTER)
+                    .cmd(req)
+                    .build();
+                let sqe = with_address(sqe, 0, 0);
+                // SAFETY: the command names no buffer (address 0, no iovecs).
+                unsafe { uring.submission().push(&sqe) }.map_err(io::Error::other)?;
+                uring.submit_and_wait(1)?;
+                let result = uring.completion().next().map_or(0, |c| c.result());
+                Ok(result)
+            });
+        match refused {
+            Ok(r) if r < 0 => tracing::warn!(
+                qid = self.qid,
+                "FUSE over io_uring turned off for this mount: serving over /dev/fuse"
+            ),
+            other => tracing::error!(
+                qid = self.qid,
+                ?other,
+                "could not turn FUSE over io_uring off; requests may wait for this queue"
+            ),
+        }
+    }
+
     /// Answers the request in entry `i` and writes the reply into it.
     fn answer(&mut self, i: usize, ops: &Operations) {
         let e = &mut self.entries[i];
@@ -414,6 +461,13 @@ impl Queue {
             self.scratch = Vec::new();
         }
     }
+}
+
+/// Failpoint for tests: `TENANTFS_FAILPOINTS=fuse-ring-submit` makes every queue's first
+/// submission fail, to show that the mount then falls back to /dev/fuse.
+fn failpoint_submit() -> bool {
+    std::env::var("TENANTFS_FAILPOINTS")
+        .is_ok_and(|v| v.split(',').any(|f| f.trim() == "fuse-ring-submit"))
 }
 
 /// Sets an SQE's `addr` and `len` (the io_uring crate's UringCmd80 leaves them zero; the
