@@ -83,46 +83,32 @@ fn fio(file: &Path, name: &str, args: &[&str], seconds: u32) -> Result {
 /// Runs the suite in `dir`; `cold` empties every cache a cold job must not find warm.
 fn suite(dir: &Path, seconds: u32, cold: &dyn Fn()) -> [Result; 6] {
     let f = dir.join("fio.1g");
-    let whole_read = ["--rw=read", "--bs=1M", "--direct=0"];
+    let job = |name: &str, args: &[&str]| fio(&f, name, args, seconds);
+    let warm = || fio(&f, "warm", &["--rw=read", "--bs=1M", "--direct=0"], 0);
+    let direct_4k_reads = ["--rw=randread", "--bs=4k", "--direct=1"];
     fio(&f, "layout", &["--rw=write", "--bs=1M", "--end_fsync=1"], 0);
     let mut r = [Result::default(); 6];
     cold();
-    r[0] = fio(
-        &f,
-        "randread-4k-direct",
-        &["--rw=randread", "--bs=4k", "--direct=1"],
-        seconds,
-    );
-    fio(&f, "warm", &whole_read, 0);
-    r[1] = fio(
-        &f,
-        "randread-4k-direct-cached",
-        &["--rw=randread", "--bs=4k", "--direct=1"],
-        seconds,
-    );
+    r[0] = job("randread-4k-direct", &direct_4k_reads);
+    warm();
+    r[1] = job("randread-4k-direct-cached", &direct_4k_reads);
     cold();
-    r[2] = fio(
-        &f,
+    r[2] = job(
         "randwrite-4k-direct",
         &["--rw=randwrite", "--bs=4k", "--direct=1"],
-        seconds,
     );
     cold();
-    fio(&f, "warm", &whole_read, 0);
-    r[3] = fio(
-        &f,
+    warm();
+    r[3] = job(
         "randread-4k-buffered",
         &["--rw=randread", "--bs=4k", "--direct=0", "--invalidate=0"],
-        seconds,
     );
     cold();
-    r[4] = fio(&f, "read-1m-seq", &whole_read, seconds);
+    r[4] = job("read-1m-seq", &["--rw=read", "--bs=1M", "--direct=0"]);
     cold();
-    r[5] = fio(
-        &f,
+    r[5] = job(
         "write-1m-seq-fsync",
         &["--rw=write", "--bs=1M", "--direct=0", "--end_fsync=1"],
-        seconds,
     );
     fs::remove_file(&f).unwrap();
     r
@@ -151,14 +137,13 @@ fn main() {
     let host = suite(&ext4, seconds, &drop_page_cache);
     let mut tenant = Vec::new();
     for transport in ["uring", "dev"] {
-        let o = format!("transport={transport}");
-        run(&mut daemon.cli(&["mount", "-o", &o, "fio", mnt.to_str().unwrap()]));
+        daemon.mount("fio", &mnt, transport);
         let cold = || {
             drop_page_cache();
             run(&mut daemon.cli(&["cache", "release", "4G"]));
         };
         tenant.push(suite(&mnt, seconds, &cold));
-        run(&mut daemon.cli(&["umount", mnt.to_str().unwrap()]));
+        daemon.umount(&mnt);
     }
 
     println!(

@@ -85,17 +85,12 @@ fn main() {
     let daemon = Daemon::start(&tmp.path().join("daemon"), "rt");
     let mnt = tmp.path().join("mnt");
     fs::create_dir_all(&mnt).unwrap();
-    let mount = |transport: &str| {
-        let o = format!("transport={transport}");
-        run(&mut daemon.cli(&["mount", "-o", &o, "rt", mnt.to_str().unwrap()]));
-    };
-    let umount = || run(&mut daemon.cli(&["umount", mnt.to_str().unwrap()]));
     let all = format!("0-{}", cpus - 1);
 
     let ext4 = costs(&host, calls);
     // /dev/fuse: unpinned, then the caller and every daemon thread on one CPU, then the two
     // on different CPUs.
-    mount("dev");
+    daemon.mount("rt", &mnt, "dev");
     let free = costs(&mnt, calls);
     pin(Some(daemon.pid()), "0");
     pin(None, "0");
@@ -104,11 +99,11 @@ fn main() {
     let cross = costs(&mnt, calls);
     pin(None, &all);
     pin(Some(daemon.pid()), &all);
-    umount();
+    daemon.umount(&mnt);
     // io_uring: each CPU's queue thread is pinned to it by the daemon; nothing else pinned.
-    mount("uring");
+    daemon.mount("rt", &mnt, "uring");
     let ring = costs(&mnt, calls);
-    umount();
+    daemon.umount(&mnt);
 
     println!("FUSE request cost: {calls} calls each, microseconds per call");
     println!(

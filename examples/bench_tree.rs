@@ -165,10 +165,9 @@ fn main() {
             ext4[i].push(a[i]);
         }
         for (k, transport) in TRANSPORTS.iter().enumerate() {
-            let o = format!("transport={transport}");
-            run(&mut daemon.cli(&["mount", "-o", &o, "tree", mnt.to_str().unwrap()]));
+            daemon.mount("tree", &mnt, transport);
             let b = steps(&mnt, &tar, &repo, Some(&daemon));
-            run(&mut daemon.cli(&["umount", mnt.to_str().unwrap()]));
+            daemon.umount(&mnt);
             for i in 0..STEPS.len() {
                 tenant[k][i].push(b[i]);
             }

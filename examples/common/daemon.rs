@@ -73,6 +73,16 @@ impl Daemon {
         c
     }
 
+    /// Mounts `tenant` at `mnt` through this daemon, served over `transport` (uring, dev).
+    pub fn mount(&self, tenant: &str, mnt: &Path, transport: &str) {
+        let o = format!("transport={transport}");
+        run(&mut self.cli(&["mount", "-o", &o, tenant, mnt.to_str().unwrap()]));
+    }
+
+    pub fn umount(&self, mnt: &Path) {
+        run(&mut self.cli(&["umount", mnt.to_str().unwrap()]));
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.as_ref().expect("started").id()
     }

@@ -401,13 +401,7 @@ impl Queue {
         let refused = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
             .build(1)
             .and_then(|mut uring| {
-                let mut req = [0u8; 80];
-                req[16..18].copy_from_slice(&self.qid.to_le_bytes());
-                let fd = self.device.as_ref().map_or(-1, |d| d.as_raw_fd());
-                let sqe = opcode::UringCmd80::new(types::Fd(fd), abi::CMD_REGISTER)
-                    .cmd(req)
-                    .build();
-                let sqe = with_address(sqe, 0, 0);
+                let sqe = with_address(self.command(0, abi::CMD_REGISTER), 0, 0);
                 // SAFETY: the command names no buffer (address 0, no iovecs).
                 unsafe { uring.submission().push(&sqe) }.map_err(io::Error::other)?;
                 uring.submit_and_wait(1)?;
