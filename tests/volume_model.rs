@@ -621,13 +621,17 @@ fn name_idx() -> impl Strategy<Value = usize> {
     prop_oneof![30 => 0usize..4, 1 => Just(4usize), 1 => Just(5usize)]
 }
 
-/// Offsets within ~40 KB, biased to block boundaries and their neighbours.
+/// Offsets within ~40 KB, biased to block boundaries and their neighbours; some on 64 KiB
+/// chunk boundaries and some further out, where bulk writes leave chunks for small writes,
+/// truncation and holes to cut into.
 fn offset() -> impl Strategy<Value = u64> {
     prop_oneof![
         3 => 0u64..40_000,
         1 => Just(0u64),
         1 => (0u64..10).prop_map(|k| k * BS),
         1 => (1u64..10, 0u64..7).prop_map(|(k, d)| k * BS + d - 3),
+        1 => (0u64..5).prop_map(|k| k * 16 * BS),
+        1 => 40_000u64..400_000,
     ]
 }
 
@@ -1785,7 +1789,7 @@ fn a_store_of_the_old_data_format_is_refused() {
     for part in [
         "tenant old",
         "data format 1",
-        "reads format 2",
+        "reads formats 2 and 3",
         "copy the files out",
     ] {
         assert!(msg.contains(part), "{part:?} not in {msg:?}");
@@ -1800,6 +1804,172 @@ fn a_store_of_the_old_data_format_is_refused() {
             .unwrap(),
         old_meta
     );
+}
+
+/// Extent keys of `name`'s store: (block keys, chunk keys).
+fn extent_key_counts(vol: &Volume) -> (usize, usize) {
+    let (mut blocks, mut chunks) = (0, 0);
+    vol.tenant()
+        .db()
+        .keys(tenantfs::store::Family::Extents, &[], &[0xff; 17], |k| {
+            match k.len() {
+                16 => blocks += 1,
+                17 => chunks += 1,
+                n => panic!("an extent key of {n} bytes"),
+            }
+            true
+        })
+        .unwrap();
+    (blocks, chunks)
+}
+
+/// Whole aligned 64 KiB runs are stored as one chunk value each; smaller writes into them,
+/// holes punched into them, a block of zeros written into them and truncation through them
+/// read back exactly (block keys overlay the chunk; a block that becomes a hole splits it), and
+/// lseek finds the holes exactly, before and after a reopen.
+#[test]
+fn chunks_take_overlays_holes_and_truncation() {
+    const CHUNK: u64 = 16 * BS;
+    let t = TestHost::new(DirectIo::Auto);
+    let mut vol = open_volume(&t, "chunks");
+    let ino = vol
+        .mknod(ROOT_INO, b"f", FileKind::File, 0o644, OWNER, 0)
+        .unwrap()
+        .ino;
+    let mut model = noise(7, 16 * CHUNK as usize);
+    vol.write(ino, 0, &model).unwrap();
+    assert_eq!(extent_key_counts(&vol), (0, 16), "1 MiB in 16 chunk values");
+    let check = |vol: &Volume, model: &[u8], what: &str| {
+        let got = vol.read(ino, 0, model.len() as u32 + 10).unwrap();
+        assert!(got == model, "{what}: contents differ from the model");
+        for at in [0, BS + 3, CHUNK - 1, 5 * CHUNK + 100] {
+            let got = vol.read(ino, at, 6000).unwrap();
+            let want =
+                &model[(at as usize).min(model.len())..(at as usize + 6000).min(model.len())];
+            assert!(got == want, "{what}: 6000 bytes at {at} differ");
+        }
+    };
+    let write = |vol: &Volume, model: &mut Vec<u8>, at: u64, data: &[u8]| {
+        vol.write(ino, at, data).unwrap();
+        let end = at as usize + data.len();
+        if model.len() < end {
+            model.resize(end, 0);
+        }
+        model[at as usize..end].copy_from_slice(data);
+    };
+    // A block over a chunk, part of a block over a chunk (read, patch, write).
+    write(&vol, &mut model, 2 * BS, &noise(8, BS as usize));
+    write(&vol, &mut model, CHUNK + 1000, &noise(9, 100));
+    check(&vol, &model, "overlays");
+    assert_eq!(extent_key_counts(&vol), (2, 16));
+    // A block of zeros in chunk 2: a hole, found by SEEK_HOLE exactly.
+    write(&vol, &mut model, 2 * CHUNK + 3 * BS, &vec![0; BS as usize]);
+    check(&vol, &model, "zero block");
+    assert_eq!(vol.seek_hole(ino, 2 * CHUNK).unwrap(), 2 * CHUNK + 3 * BS);
+    assert_eq!(
+        vol.seek_data(ino, 2 * CHUNK + 3 * BS).unwrap(),
+        2 * CHUNK + 4 * BS
+    );
+    // A hole punched inside chunk 3 and across chunks 5 and 6 (whole), zeroes inside chunk 7.
+    vol.fallocate(ino, 3 * CHUNK + BS, 2 * BS, Fallocate::PunchHole)
+        .unwrap();
+    model[(3 * CHUNK + BS) as usize..(3 * CHUNK + 3 * BS) as usize].fill(0);
+    vol.fallocate(ino, 5 * CHUNK, 2 * CHUNK, Fallocate::PunchHole)
+        .unwrap();
+    model[(5 * CHUNK) as usize..(7 * CHUNK) as usize].fill(0);
+    vol.fallocate(
+        ino,
+        7 * CHUNK + 10,
+        300,
+        Fallocate::ZeroRange { keep_size: true },
+    )
+    .unwrap();
+    model[(7 * CHUNK + 10) as usize..(7 * CHUNK + 310) as usize].fill(0);
+    check(&vol, &model, "holes");
+    assert_eq!(vol.seek_hole(ino, 3 * CHUNK).unwrap(), 3 * CHUNK + BS);
+    assert_eq!(
+        vol.seek_data(ino, 3 * CHUNK + BS).unwrap(),
+        3 * CHUNK + 3 * BS
+    );
+    assert_eq!(vol.seek_hole(ino, 4 * CHUNK).unwrap(), 5 * CHUNK);
+    assert_eq!(vol.seek_data(ino, 5 * CHUNK).unwrap(), 7 * CHUNK);
+    // A chunk rewritten whole drops the blocks that overlaid it.
+    write(&vol, &mut model, 0, &noise(10, CHUNK as usize));
+    write(&vol, &mut model, CHUNK, &noise(11, 2 * CHUNK as usize));
+    check(&vol, &model, "chunks rewritten");
+    // Truncation mid-chunk, then growth: the cut-off bytes read as zeros.
+    let cut = 9 * CHUNK + 5000;
+    vol.setattr(
+        ino,
+        &SetAttr {
+            size: Some(cut),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    model.truncate(cut as usize);
+    write(&vol, &mut model, 12 * CHUNK, &noise(12, 100));
+    check(&vol, &model, "truncated and grown");
+    assert_eq!(vol.seek_hole(ino, 9 * CHUNK).unwrap(), 9 * CHUNK + 2 * BS);
+    drop(vol);
+    vol = open_volume(&t, "chunks");
+    check(&vol, &model, "after reopen");
+    // (Chunk 2's hole was written over whole.)
+    assert_eq!(vol.seek_hole(ino, 2 * CHUNK).unwrap(), 3 * CHUNK + BS);
+    assert_eq!(vol.seek_hole(ino, 9 * CHUNK).unwrap(), 9 * CHUNK + 2 * BS);
+}
+
+/// A store of data format 2 (block keys only) is taken over: its files read as before and its
+/// version becomes 3, so an older tenantfs will not open it. A newer format is refused.
+#[test]
+fn a_store_of_format_2_is_migrated_and_a_newer_one_refused() {
+    let t = TestHost::new(DirectIo::Auto);
+    let vol = open_volume(&t, "two");
+    let a = vol
+        .mknod(ROOT_INO, b"f", FileKind::File, 0o644, OWNER, 0)
+        .unwrap();
+    let data = noise(3, 3 * BS as usize + 17);
+    for (i, piece) in data.chunks(BS as usize).enumerate() {
+        vol.write(a.ino, i as u64 * BS, piece).unwrap();
+    }
+    drop(vol);
+    let set_format = |format: u32| {
+        let tenant = tenants::open(&t.data, &t.host, "two").unwrap();
+        let mut meta = format.to_be_bytes().to_vec();
+        meta.extend_from_slice(&(BS as u32).to_be_bytes());
+        tenant
+            .db()
+            .put(tenantfs::store::Family::Meta, b"volume", &meta)
+            .unwrap();
+    };
+    let format = || {
+        let tenant = tenants::open(&t.data, &t.host, "two").unwrap();
+        let v = tenant
+            .db()
+            .get(tenantfs::store::Family::Meta, b"volume")
+            .unwrap()
+            .unwrap();
+        u32::from_be_bytes(v[..4].try_into().unwrap())
+    };
+    set_format(2);
+    let vol = open_volume(&t, "two");
+    assert!(vol.read(a.ino, 0, 1 << 20).unwrap() == data);
+    drop(vol);
+    assert_eq!(format(), 3, "the version was not moved on");
+    set_format(4);
+    let err = Volume::open(tenants::open(&t.data, &t.host, "two").unwrap())
+        .err()
+        .expect("a newer-format store opened");
+    let msg = err.to_string();
+    for part in [
+        "tenant two",
+        "data format 4",
+        "newer tenantfs",
+        "reads formats 2 and 3",
+    ] {
+        assert!(msg.contains(part), "{part:?} not in {msg:?}");
+    }
+    assert_eq!(format(), 4, "a refused store was changed");
 }
 
 // ---------------------------------------------------------------------------------------------

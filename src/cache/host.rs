@@ -91,6 +91,7 @@ impl HostCache {
         if bytes < before {
             // After the evictions, which freed their slots into the pool.
             self.slabs.trim_pool();
+            super::malloc::give_back_free_heap();
         }
     }
 
@@ -194,7 +195,9 @@ impl crate::pressure::CacheBudget for HostCache {
         HostCache::set_budget(self, bytes)
     }
     fn tick(&self) {
-        self.rebalance()
+        self.rebalance();
+        // Write buffers freed after a burst of writes stay in malloc's arenas (see `malloc`).
+        super::malloc::give_back_free_heap_now_and_then();
     }
 }
 

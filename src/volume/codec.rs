@@ -11,6 +11,15 @@
 //!                   tag 1: reference to a base block (opaque to the volume: the base
 //!                   module's hash ‖ pack ‖ slot ‖ nonce ‖ tag), read through `BaseBlocks`
 //!          absent: a hole (reads as zeros)
+//!          ino (u64 BE) ‖ first block (u64 BE) ‖ 'c' -> a chunk: the bytes of the
+//!                   `CHUNK_BYTES / block size` blocks from `first block` (a multiple of that
+//!                   count) up to their last non-zero byte. Written for a write that covers the
+//!                   whole aligned chunk (streaming I/O: one 64 KiB value, not 16 of 4 KiB);
+//!                   a block key inside a chunk's span overlays that block (a later partial or
+//!                   random write), so a read takes the chunk and the block keys of its range
+//!                   and the block key wins. A chunk write deletes the block keys it covers; a
+//!                   block of a chunk that becomes a hole splits the chunk into block keys.
+//!                   (Format 3; format 2 stores hold block keys only and are read as they are.)
 //!          Values of 2 KiB and more are kept in RocksDB blob files (BlobDB): written once at
 //!          flush, never rewritten by compaction, read with O_DIRECT (see `store::host`).
 //! meta     "volume"                          -> format version (u32 BE) ‖ block size (u32 BE)
@@ -27,9 +36,16 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use super::{Attr, FileKind};
 
 pub(crate) const VOLUME_KEY: &[u8] = b"volume";
-/// Version 2: private extent values carry no tag byte, references a trailing one (version 1
-/// put a leading tag byte before every value, so a full block took 4,097 bytes).
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// Version 3: chunk keys (a 64 KiB value for a whole aligned run) beside block keys. Version 2
+/// (block keys only, read the same way) is taken over by writing 3 at open. Version 1 put a
+/// leading tag byte before every extent value and is refused.
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The oldest format a store is migrated from (by rewriting its version: its keys read as they
+/// are).
+pub(crate) const FORMAT_MIGRATES_FROM: u32 = 2;
+/// File bytes one chunk value holds (when the volume's blocks are smaller).
+pub(crate) const CHUNK_BYTES: u64 = 64 << 10;
+const CHUNK_TAG: u8 = b'c';
 const ATTR_VERSION: u8 = 1;
 const ATTR_FIXED: usize = 84;
 
@@ -77,8 +93,78 @@ pub(crate) fn extent_key(ino: u64, block: u64) -> [u8; 16] {
     k
 }
 
-pub(crate) fn decode_extent_block(k: &[u8]) -> u64 {
-    u64::from_be_bytes(k[8..16].try_into().expect("extent keys are 16 bytes"))
+pub(crate) fn chunk_key(ino: u64, first_block: u64) -> [u8; 17] {
+    let mut k = [CHUNK_TAG; 17];
+    k[..16].copy_from_slice(&extent_key(ino, first_block));
+    k
+}
+
+/// What an extents-family key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ExtentKey {
+    /// One block, by index.
+    Block(u64),
+    /// The chunk starting at this block index.
+    Chunk(u64),
+}
+
+pub(crate) fn decode_extent_key(k: &[u8]) -> Option<ExtentKey> {
+    let block = u64::from_be_bytes(k.get(8..16)?.try_into().ok()?);
+    match k.len() {
+        16 => Some(ExtentKey::Block(block)),
+        17 if k[16] == CHUNK_TAG => Some(ExtentKey::Chunk(block)),
+        _ => None,
+    }
+}
+
+/// A block or chunk key without a heap allocation (a read looks up hundreds).
+#[derive(Clone, Copy)]
+pub(crate) struct LookupKey {
+    bytes: [u8; 17],
+    len: u8,
+}
+
+impl AsRef<[u8]> for LookupKey {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+/// The keys that may hold blocks `first..=last` of `ino`, in ascending order: each block's key
+/// and, when chunks are in use (`chunk_blocks > 1`), the key of each chunk overlapping the
+/// range; with what each key names.
+pub(crate) fn lookup_keys(
+    ino: u64,
+    first: u64,
+    last: u64,
+    chunk_blocks: u64,
+) -> (Vec<LookupKey>, Vec<ExtentKey>) {
+    let chunked = chunk_blocks > 1;
+    let start = if chunked {
+        first - first % chunk_blocks
+    } else {
+        first
+    };
+    let n = (last - start + 1) as usize;
+    let mut keys = Vec::with_capacity(n + n / chunk_blocks as usize + 1);
+    let mut names = Vec::with_capacity(keys.capacity());
+    for block in start..=last {
+        // A block key sorts just before the chunk key starting at the same block (a prefix).
+        if block >= first {
+            let mut bytes = [0u8; 17];
+            bytes[..16].copy_from_slice(&extent_key(ino, block));
+            keys.push(LookupKey { bytes, len: 16 });
+            names.push(ExtentKey::Block(block));
+        }
+        if chunked && block.is_multiple_of(chunk_blocks) {
+            keys.push(LookupKey {
+                bytes: chunk_key(ino, block),
+                len: 17,
+            });
+            names.push(ExtentKey::Chunk(block));
+        }
+    }
+    (keys, names)
 }
 
 /// What an extent value holds.
@@ -261,7 +347,45 @@ mod tests {
     }
 
     #[test]
+    fn lookup_keys_are_sorted_and_named() {
+        let (keys, names) = lookup_keys(9, 14, 33, 16);
+        let bytes: Vec<&[u8]> = keys.iter().map(AsRef::as_ref).collect();
+        assert!(bytes.windows(2).all(|w| w[0] < w[1]), "not ascending");
+        let decoded: Vec<ExtentKey> = bytes
+            .iter()
+            .map(|k| decode_extent_key(k).unwrap())
+            .collect();
+        assert_eq!(decoded, names);
+        // Chunks 0, 16 and 32 overlap blocks 14..=33; blocks before 14 are not looked up.
+        let chunks: Vec<u64> = names
+            .iter()
+            .filter_map(|n| match n {
+                ExtentKey::Chunk(c) => Some(*c),
+                ExtentKey::Block(_) => None,
+            })
+            .collect();
+        assert_eq!(chunks, [0, 16, 32]);
+        assert_eq!(names.len() - chunks.len(), 20);
+        // Without chunks: the blocks alone.
+        let (keys, names) = lookup_keys(9, 14, 33, 1);
+        assert_eq!(keys.len(), 20);
+        assert!(names.iter().all(|n| matches!(n, ExtentKey::Block(_))));
+    }
+
+    #[test]
     fn keys_sort_by_inode_then_block() {
+        assert!(chunk_key(1, u64::MAX).as_slice() < extent_key(2, 0).as_slice());
+        assert!(extent_key(1, 16).as_slice() < chunk_key(1, 16).as_slice());
+        assert!(chunk_key(1, 16).as_slice() < extent_key(1, 17).as_slice());
+        assert_eq!(
+            decode_extent_key(&extent_key(3, 5)),
+            Some(ExtentKey::Block(5))
+        );
+        assert_eq!(
+            decode_extent_key(&chunk_key(3, 16)),
+            Some(ExtentKey::Chunk(16))
+        );
+        assert_eq!(decode_extent_key(&[0; 17]), None);
         assert!(extent_key(1, u64::MAX) < extent_key(2, 0));
         assert!(extent_key(1, 255) < extent_key(1, 256));
         let (s, e) = dirent_range(5);

@@ -8,6 +8,7 @@
 //! that becomes all zeros is stored as a hole.
 
 mod codec;
+mod data;
 mod graft;
 mod locks;
 mod readahead;
@@ -218,17 +219,32 @@ pub enum VolumeError {
          delete it and create it again"
     )]
     Incomplete { tenant: String },
-    #[error(
-        "tenant {tenant} holds its files in data format {found}, which this tenantfs does not \
-         read (it reads format {known}, written since tenantfs 0.3); copy the files \
-         out with the tenantfs that wrote them, then into a tenant created by this one",
-        known = codec::FORMAT_VERSION
-    )]
+    #[error("tenant {tenant} holds its files in data format {found}, {}", format_advice(*found))]
     Format { tenant: String, found: u32 },
     #[error("internal error while serving {0} (a bug: see the log)")]
     Panicked(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// What to do with a store of a data format this tenantfs does not read.
+fn format_advice(found: u32) -> String {
+    let reads = format!(
+        "it reads formats {} and {}",
+        codec::FORMAT_MIGRATES_FROM,
+        codec::FORMAT_VERSION
+    );
+    if found > codec::FORMAT_VERSION {
+        format!(
+            "written by a newer tenantfs ({reads}); open it with the tenantfs that wrote it or \
+             a newer one"
+        )
+    } else {
+        format!(
+            "which this tenantfs does not read ({reads}, written since tenantfs 0.3); copy the \
+             files out with the tenantfs that wrote them, then into a tenant created by this one"
+        )
+    }
 }
 
 impl VolumeError {
@@ -268,6 +284,8 @@ pub struct Volume {
     /// Shared with read-ahead jobs while they run (see `readahead`).
     tenant: Arc<Tenant>,
     block_size: u64,
+    /// Blocks per chunk value (1: blocks are as large as chunks, none are written).
+    chunk_blocks: u64,
     next_ino: AtomicU64,
     /// Serialises namespace changes (create, unlink, rename, link), which check and then change
     /// several keys.
@@ -310,18 +328,36 @@ impl Volume {
         match db.get(Family::Meta, VOLUME_KEY)? {
             Some(v) if v.len() == 8 => {
                 let format = u32::from_be_bytes(v[..4].try_into().unwrap());
-                if format != FORMAT_VERSION {
-                    return Err(VolumeError::Format {
-                        tenant: tenant.info().name.clone(),
-                        found: format,
-                    });
-                }
                 let stored = u32::from_be_bytes(v[4..8].try_into().unwrap());
                 if u64::from(stored) != block_size {
                     return Err(VolumeError::Damaged {
                         tenant: tenant.info().name.clone(),
                         ino: 0,
                     });
+                }
+                match format {
+                    FORMAT_VERSION => {}
+                    FORMAT_MIGRATES_FROM..FORMAT_VERSION => {
+                        // Its keys read as they are in this format: the new version number is
+                        // the whole migration (and keeps an older tenantfs, which would not
+                        // read chunk keys, from opening the store afterwards).
+                        let mut meta = FORMAT_VERSION.to_be_bytes().to_vec();
+                        meta.extend_from_slice(&stored.to_be_bytes());
+                        db.put(Family::Meta, VOLUME_KEY, &meta)?;
+                        db.sync()?;
+                        tracing::info!(
+                            tenant = %tenant.info().name,
+                            from = format,
+                            to = FORMAT_VERSION,
+                            "data format migrated"
+                        );
+                    }
+                    _ => {
+                        return Err(VolumeError::Format {
+                            tenant: tenant.info().name.clone(),
+                            found: format,
+                        })
+                    }
                 }
             }
             Some(_) => {
@@ -371,6 +407,7 @@ impl Volume {
         let volume = Self {
             tenant: Arc::new(tenant),
             block_size,
+            chunk_blocks: data::chunk_blocks(block_size),
             next_ino: AtomicU64::new(max_ino + 1),
             namespace: Mutex::new(()),
             inodes: InodeLocks::new(),
@@ -933,341 +970,6 @@ impl Volume {
         self.db().write(b)?;
         attr.blocks = self.allocated_blocks(&attr);
         Ok(attr)
-    }
-
-    /// Puts block `index` of `ino` into `b`: stored as a hole when all zeros.
-    fn put_block(&self, b: &mut crate::store::Batch<'_>, ino: u64, index: u64, data: &[u8]) {
-        let key = extent_key(ino, index);
-        match private_extent(data) {
-            None => b.delete(Family::Extents, &key),
-            Some(v) => b.put(Family::Extents, &key, v),
-        }
-    }
-
-    /// The current bytes of one block (zeros for a hole), `block_size` long.
-    fn read_block(&self, ino: u64, index: u64) -> Result<Vec<u8>> {
-        let mut block = vec![0u8; self.block_size as usize];
-        if let Some(v) = self.db().get(Family::Extents, &extent_key(ino, index))? {
-            self.decode_block_into(ino, &v, &mut block)?;
-        }
-        Ok(block)
-    }
-
-    fn decode_block_into(&self, ino: u64, value: &[u8], out: &mut [u8]) -> Result<()> {
-        match decode_extent(value) {
-            Some(Extent::Private(data)) if data.len() <= out.len() => {
-                out[..data.len()].copy_from_slice(data);
-                out[data.len()..].fill(0);
-                Ok(())
-            }
-            Some(Extent::Base(reference)) => {
-                match &self.base {
-                    Some(base) => base
-                        .read(reference, out)
-                        .map_err(|detail| self.base_error(ino, detail)),
-                    None => Err(self
-                        .base_error(ino, "this volume was opened without its base image".into())),
-                }
-            }
-            _ => Err(self.damaged(ino)),
-        }
-    }
-
-    fn base_error(&self, ino: u64, detail: String) -> VolumeError {
-        tracing::error!(tenant = %self.tenant.info().name, ino, %detail, "base block read failed");
-        VolumeError::BaseBlock {
-            tenant: self.tenant.info().name.clone(),
-            ino,
-            detail,
-        }
-    }
-
-    /// Zeroes `[offset, offset+len)` of `ino` (clamped to `size`) in batch `b`: whole blocks
-    /// become holes, partial edge blocks are patched.
-    fn zero_range(
-        &self,
-        b: &mut crate::store::Batch<'_>,
-        ino: u64,
-        offset: u64,
-        len: u64,
-        size: u64,
-    ) -> Result<()> {
-        let end = offset.saturating_add(len).min(size.max(offset));
-        if end <= offset {
-            return Ok(());
-        }
-        let bs = self.block_size;
-        let first_full = offset.div_ceil(bs);
-        let end_full = end / bs;
-        if first_full < end_full {
-            self.delete_keys(
-                b,
-                Family::Extents,
-                &extent_key(ino, first_full),
-                &extent_key(ino, end_full),
-            )?;
-        }
-        // Edge blocks: the block holding `offset` (if it starts mid-block) and the one holding
-        // `end` (if it ends mid-block).
-        let mut edges = Vec::new();
-        if !offset.is_multiple_of(bs) {
-            edges.push(offset / bs);
-        }
-        if !end.is_multiple_of(bs) && edges.first() != Some(&(end / bs)) {
-            edges.push(end / bs);
-        }
-        for index in edges {
-            let block_start = index * bs;
-            let lo = offset.max(block_start) - block_start;
-            let hi = end.min(block_start + bs) - block_start;
-            let mut block = self.read_block(ino, index)?;
-            block[lo as usize..hi as usize].fill(0);
-            self.put_block(b, ino, index, &block);
-        }
-        Ok(())
-    }
-
-    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        self.read_into(ino, offset, size, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`Self::read`] into `out` (replacing what it held), so that a caller can reuse one
-    /// buffer: its pages stay mapped from one read to the next.
-    pub fn read_into(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
-        out.clear();
-        let attr = self.getattr(ino)?;
-        match attr.kind {
-            FileKind::File => {}
-            FileKind::Dir => return Err(VolumeError::IsDir),
-            _ => return Err(VolumeError::Invalid),
-        }
-        if offset >= attr.size || size == 0 {
-            return Ok(()); // (an empty range: `end - 1` below would underflow)
-        }
-        let end = (offset + u64::from(size)).min(attr.size);
-        out.resize((end - offset) as usize, 0);
-        let out = &mut out[..];
-        let bs = self.block_size;
-        let first = offset / bs;
-        let last = (end - 1) / bs;
-        let plan = self.readahead.plan(ino, offset, end, attr.size);
-        if let Some((from, to)) = plan.background {
-            self.readahead
-                .fetch(&self.tenant, ino, from, to, self.block_size);
-        }
-        // Blocks past `last` are looked up only to bring them into the cache.
-        let fetch_last =
-            ((plan.sync_end - 1) / bs).clamp(last, (first + MULTI_GET_BLOCKS - 1).max(last));
-        let mut block = vec![0u8; bs as usize];
-        let mut err = None;
-        // Blocks shared with a base image are fetched together after the lookups.
-        let mut base_refs: Vec<(u64, Vec<u8>)> = Vec::new();
-        let place = |out: &mut [u8], index: u64, block: &[u8]| {
-            let block_start = index * bs;
-            let lo = offset.max(block_start);
-            let hi = end.min(block_start + bs);
-            out[(lo - offset) as usize..(hi - offset) as usize]
-                .copy_from_slice(&block[(lo - block_start) as usize..(hi - block_start) as usize]);
-        };
-        let mut copy = |index: u64, value: &[u8]| -> bool {
-            if index > last {
-                return true;
-            }
-            if let (Some(Extent::Base(reference)), Some(_)) = (decode_extent(value), &self.base) {
-                base_refs.push((index, reference.to_vec()));
-                return true;
-            }
-            if let Err(e) = self.decode_block_into(ino, value, &mut block) {
-                err = Some(e);
-                return false;
-            }
-            place(out, index, &block);
-            true
-        };
-        let blocks = last - first + 1;
-        if blocks <= MULTI_GET_BLOCKS {
-            // Point lookups use the bloom filters; an iterator would visit every SST whose key
-            // range overlaps the file, which after overwrites can be many.
-            let keys: Vec<[u8; 16]> = (first..=fetch_last).map(|b| extent_key(ino, b)).collect();
-            self.db().multi_get(Family::Extents, &keys, |i, v| {
-                copy(first + i as u64, v);
-            })?;
-        } else {
-            // Very large reads scan, fetching their span from the SSTs in large reads.
-            let readahead = ((blocks * bs) as usize).min(4 << 20);
-            self.db().range_with_readahead(
-                Family::Extents,
-                &extent_key(ino, first),
-                &extent_key(ino, last + 1),
-                readahead,
-                |k, v| copy(decode_extent_block(k), v),
-            )?;
-        }
-        if let Some(e) = err {
-            return Err(e);
-        }
-        if let (Some(base), false) = (&self.base, base_refs.is_empty()) {
-            let mut blocks = vec![0u8; base_refs.len() * bs as usize];
-            let refs: Vec<&[u8]> = base_refs.iter().map(|(_, r)| r.as_slice()).collect();
-            let mut outs: Vec<&mut [u8]> = blocks.chunks_mut(bs as usize).collect();
-            base.read_many(&refs, &mut outs)
-                .map_err(|detail| self.base_error(ino, detail))?;
-            for ((index, _), block) in base_refs.iter().zip(blocks.chunks(bs as usize)) {
-                place(out, *index, block);
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks that `[offset, offset+len)` fits a file, locks the inode and loads it; the inode
-    /// must be a regular file (a directory is EISDIR, anything else `not_file`).
-    fn lock_file_range(
-        &self,
-        ino: u64,
-        offset: u64,
-        len: u64,
-        not_file: VolumeError,
-    ) -> Result<(std::sync::MutexGuard<'_, ()>, Attr, u64)> {
-        let end = offset
-            .checked_add(len)
-            .filter(|&e| e <= MAX_FILE_SIZE)
-            .ok_or(VolumeError::TooBig)?;
-        let guard = self.inodes.lock(ino);
-        let (attr, _) = self.load(ino)?;
-        match attr.kind {
-            FileKind::File => Ok((guard, attr, end)),
-            FileKind::Dir => Err(VolumeError::IsDir),
-            _ => Err(not_file),
-        }
-    }
-
-    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
-        let (_g, mut attr, end) =
-            self.lock_file_range(ino, offset, data.len() as u64, VolumeError::Invalid)?;
-        if data.is_empty() {
-            return Ok(0); // writes nothing, and does not move the end of file either
-        }
-        let bs = self.block_size;
-        let mut b = self.db().batch();
-        let mut pos = offset;
-        while pos < end {
-            let index = pos / bs;
-            let block_start = index * bs;
-            let lo = (pos - block_start) as usize;
-            let hi = (end.min(block_start + bs) - block_start) as usize;
-            let src = &data[(pos - offset) as usize..(pos - offset) as usize + (hi - lo)];
-            if lo == 0 && hi == bs as usize {
-                self.put_block(&mut b, ino, index, src);
-            } else if block_start >= attr.size {
-                // Beyond the old end of file: nothing to read, the rest of the block is zeros.
-                let mut block = vec![0u8; bs as usize];
-                block[lo..hi].copy_from_slice(src);
-                self.put_block(&mut b, ino, index, &block);
-            } else {
-                let mut block = self.read_block(ino, index)?;
-                block[lo..hi].copy_from_slice(src);
-                self.put_block(&mut b, ino, index, &block);
-            }
-            pos = block_start + hi as u64;
-        }
-        let t = now();
-        attr.size = attr.size.max(end);
-        attr.mtime = t;
-        attr.ctime = t;
-        kill_privileges(&mut attr);
-        if data.len() >= UNLOGGED_WRITE_MIN {
-            // Bulk data goes to the memtable only and is written once, into a blob file at
-            // flush; fsync flushes it (see `TenantDb::write_unlogged`). The inode goes through
-            // the WAL after it: a crash before the flush leaves the new size over holes
-            // (zeros, as a file system loses unsynced data), never blocks past the size.
-            self.db().write_unlogged(b)?;
-            let mut b = self.db().batch();
-            self.store_attr(&mut b, &attr, &[]);
-            self.db().write(b)?;
-        } else {
-            self.store_attr(&mut b, &attr, &[]);
-            self.db().write(b)?;
-        }
-        Ok(data.len() as u32)
-    }
-
-    pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: Fallocate) -> Result<()> {
-        if len == 0 {
-            return Err(VolumeError::Invalid);
-        }
-        let (_g, mut attr, end) =
-            self.lock_file_range(ino, offset, len, VolumeError::NotSupported)?;
-        let t = now();
-        let mut b = self.db().batch();
-        let grow = match mode {
-            Fallocate::Allocate { keep_size } => !keep_size,
-            Fallocate::PunchHole => {
-                self.zero_range(&mut b, ino, offset, len, attr.size)?;
-                attr.mtime = t;
-                false
-            }
-            Fallocate::ZeroRange { keep_size } => {
-                self.zero_range(&mut b, ino, offset, len, attr.size)?;
-                attr.mtime = t;
-                !keep_size
-            }
-        };
-        if grow && end > attr.size {
-            attr.size = end;
-        }
-        attr.ctime = t;
-        self.store_attr(&mut b, &attr, &[]);
-        self.db().write(b)?;
-        Ok(())
-    }
-
-    /// lseek(SEEK_DATA): the first offset >= `offset` inside data.
-    pub fn seek_data(&self, ino: u64, offset: u64) -> Result<u64> {
-        let attr = self.getattr(ino)?;
-        if offset >= attr.size {
-            return Err(VolumeError::NoMoreData);
-        }
-        let bs = self.block_size;
-        let mut found = None;
-        self.db().keys(
-            Family::Extents,
-            &extent_key(ino, offset / bs),
-            &extent_key(ino, u64::MAX),
-            |k| {
-                found = Some(decode_extent_block(k));
-                false
-            },
-        )?;
-        match found {
-            Some(index) if index * bs < attr.size => Ok(offset.max(index * bs)),
-            _ => Err(VolumeError::NoMoreData),
-        }
-    }
-
-    /// lseek(SEEK_HOLE): the first offset >= `offset` inside a hole (end of file counts).
-    pub fn seek_hole(&self, ino: u64, offset: u64) -> Result<u64> {
-        let attr = self.getattr(ino)?;
-        if offset >= attr.size {
-            return Err(VolumeError::NoMoreData);
-        }
-        let bs = self.block_size;
-        let mut expect = offset / bs;
-        self.db().keys(
-            Family::Extents,
-            &extent_key(ino, expect),
-            &extent_key(ino, u64::MAX),
-            |k| {
-                if decode_extent_block(k) == expect {
-                    expect += 1;
-                    true
-                } else {
-                    false
-                }
-            },
-        )?;
-        Ok(offset.max(expect * bs).min(attr.size))
     }
 
     /// Makes every change so far durable.

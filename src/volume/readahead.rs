@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
-use super::codec::extent_key;
+use super::codec::lookup_keys;
 use crate::store::Family;
 use crate::tenants::Tenant;
 
@@ -111,15 +111,24 @@ impl Readahead {
         }
     }
 
-    /// Fetches bytes `[from, to)` of `ino` (blocks of `block_size`) from `tenant`'s store
-    /// into the cache in the background, in [`CHUNK`]s the pool reads at once.
-    pub fn fetch(&self, tenant: &Arc<Tenant>, ino: u64, from: u64, to: u64, block_size: u64) {
-        let chunk_blocks = (CHUNK / block_size).max(1);
+    /// Fetches bytes `[from, to)` of `ino` (blocks of `block_size`, chunk values of
+    /// `chunk_blocks`) from `tenant`'s store into the cache in the background, in [`CHUNK`]s the
+    /// pool reads at once.
+    pub fn fetch(
+        &self,
+        tenant: &Arc<Tenant>,
+        ino: u64,
+        from: u64,
+        to: u64,
+        block_size: u64,
+        chunk_blocks: u64,
+    ) {
+        let per_job = (CHUNK / block_size).max(1);
         let mut block = from / block_size;
         let end_block = to.div_ceil(block_size);
         while block < end_block {
-            let upto = (block + chunk_blocks).min(end_block);
-            let keys: Vec<[u8; 16]> = (block..upto).map(|b| extent_key(ino, b)).collect();
+            let upto = (block + per_job).min(end_block);
+            let (keys, _) = lookup_keys(ino, block, upto - 1, chunk_blocks);
             let jobs = Arc::clone(&self.jobs);
             let tenant = Arc::downgrade(tenant);
             let queued = submit(Box::new(move || {

@@ -1,0 +1,582 @@
+//! File data: reads, writes, holes and lseek over block and chunk extents.
+//!
+//! A write that covers whole aligned chunks (`CHUNK_BYTES`, 64 KiB) stores each as one value,
+//! so streaming I/O moves one 64 KiB value where it would move sixteen 4 KiB ones (a cold read
+//! costs half the CPU per byte: `examples/bench_extent_size.rs`). Everything else, above all a
+//! 4 KiB random write, stays one block value: a single WAL append that never reads. Block keys
+//! inside a chunk's span overlay it, so a read looks up both and the block wins; a chunk write
+//! deletes the block keys it covers, and a block that must become a hole inside a chunk splits
+//! the chunk into block keys first (punch hole, truncate, a written block of zeros), so holes
+//! stay exact. Key and value layout: `codec`.
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+
+use super::codec::{
+    chunk_key, decode_extent, decode_extent_key, extent_key, lookup_keys, private_extent, Extent,
+    ExtentKey, CHUNK_BYTES,
+};
+use super::{
+    kill_privileges, now, Fallocate, FileKind, Result, Volume, VolumeError, MULTI_GET_BLOCKS,
+    UNLOGGED_WRITE_MIN,
+};
+use crate::store::{Batch, Family};
+
+/// Blocks per chunk for a volume of `block_size` blocks: 1 (no chunks) when a block is already
+/// a chunk or larger.
+pub(super) fn chunk_blocks(block_size: u64) -> u64 {
+    (CHUNK_BYTES / block_size).max(1)
+}
+
+impl Volume {
+    fn chunked(&self) -> bool {
+        self.chunk_blocks > 1
+    }
+
+    /// The first block of the chunk holding block `index`.
+    fn chunk_of(&self, index: u64) -> u64 {
+        index - index % self.chunk_blocks
+    }
+
+    /// The byte range of the whole aligned chunks inside `[offset, end)` (empty: `lo >= hi`).
+    /// Without chunks, the whole blocks.
+    fn whole_chunks(&self, offset: u64, end: u64) -> (u64, u64) {
+        let unit = self.chunk_blocks * self.block_size;
+        (offset.div_ceil(unit) * unit, end / unit * unit)
+    }
+
+    /// Puts block `index` of `ino` into `b`: stored as a hole when all zeros.
+    fn put_block(&self, b: &mut Batch<'_>, ino: u64, index: u64, data: &[u8]) {
+        let key = extent_key(ino, index);
+        match private_extent(data) {
+            None => b.delete(Family::Extents, &key),
+            Some(v) => b.put(Family::Extents, &key, v),
+        }
+    }
+
+    /// The current bytes of one block (zeros for a hole), `block_size` long.
+    fn read_block(&self, ino: u64, index: u64) -> Result<Vec<u8>> {
+        let mut block = vec![0u8; self.block_size as usize];
+        let (keys, names) = lookup_keys(ino, index, index, self.chunk_blocks);
+        let mut from_block = None;
+        let mut from_chunk = None;
+        self.db()
+            .multi_get(Family::Extents, &keys, |i, v| match names[i] {
+                ExtentKey::Block(_) => from_block = Some(v.to_vec()),
+                ExtentKey::Chunk(c) => from_chunk = Some((c, v.to_vec())),
+            })?;
+        if let Some(v) = from_block {
+            self.decode_block_into(ino, &v, &mut block)?;
+        } else if let Some((c, v)) = from_chunk {
+            self.chunk_block_into(ino, &v, index - c, &mut block)?;
+        }
+        Ok(block)
+    }
+
+    fn decode_block_into(&self, ino: u64, value: &[u8], out: &mut [u8]) -> Result<()> {
+        match decode_extent(value) {
+            Some(Extent::Private(data)) if data.len() <= out.len() => {
+                out[..data.len()].copy_from_slice(data);
+                out[data.len()..].fill(0);
+                Ok(())
+            }
+            Some(Extent::Base(reference)) => {
+                match &self.base {
+                    Some(base) => base
+                        .read(reference, out)
+                        .map_err(|detail| self.base_error(ino, detail)),
+                    None => Err(self
+                        .base_error(ino, "this volume was opened without its base image".into())),
+                }
+            }
+            _ => Err(self.damaged(ino)),
+        }
+    }
+
+    /// Block `nth` of a chunk value into `out` (one block; zeros past the value's end).
+    fn chunk_block_into(&self, ino: u64, chunk: &[u8], nth: u64, out: &mut [u8]) -> Result<()> {
+        if chunk.len() as u64 > self.chunk_blocks * self.block_size {
+            return Err(self.damaged(ino));
+        }
+        let lo = ((nth * self.block_size) as usize).min(chunk.len());
+        let hi = (lo + out.len()).min(chunk.len());
+        out[..hi - lo].copy_from_slice(&chunk[lo..hi]);
+        out[hi - lo..].fill(0);
+        Ok(())
+    }
+
+    fn base_error(&self, ino: u64, detail: String) -> VolumeError {
+        tracing::error!(tenant = %self.tenant.info().name, ino, %detail, "base block read failed");
+        VolumeError::BaseBlock {
+            tenant: self.tenant.info().name.clone(),
+            ino,
+            detail,
+        }
+    }
+
+    /// Rewrites chunk `first` of `ino` (if it exists) as block keys in `b`, leaving out the
+    /// blocks that already have their own key (they overlay the chunk), and deletes the chunk
+    /// key. Later changes to its blocks in the same batch win over the rewritten blocks.
+    fn split_chunk(&self, b: &mut Batch<'_>, ino: u64, first: u64) -> Result<()> {
+        let Some(chunk) = self.db().get(Family::Extents, &chunk_key(ino, first))? else {
+            return Ok(());
+        };
+        let bs = self.block_size as usize;
+        if chunk.len() > self.chunk_blocks as usize * bs {
+            return Err(self.damaged(ino));
+        }
+        let mut overlaid = BTreeSet::new();
+        self.db().keys(
+            Family::Extents,
+            &extent_key(ino, first),
+            &extent_key(ino, first + self.chunk_blocks),
+            |k| {
+                if let Some(ExtentKey::Block(index)) = decode_extent_key(k) {
+                    overlaid.insert(index);
+                }
+                true
+            },
+        )?;
+        for (nth, data) in chunk.chunks(bs).enumerate() {
+            let index = first + nth as u64;
+            if !overlaid.contains(&index) {
+                if let Some(v) = private_extent(data) {
+                    b.put(Family::Extents, &extent_key(ino, index), v);
+                }
+            }
+        }
+        b.delete(Family::Extents, &chunk_key(ino, first));
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` of `ino` (a file of `size` bytes before) block by block into
+    /// `b`: whole blocks never read, partial ones read, patch and rewrite their block. A block
+    /// that becomes all zeros inside a chunk splits the chunk, so the hole does not let the
+    /// chunk's old bytes show through.
+    fn write_blocks(
+        &self,
+        b: &mut Batch<'_>,
+        ino: u64,
+        size: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let bs = self.block_size;
+        let end = offset + data.len() as u64;
+        let mut blocks: Vec<(u64, Cow<'_, [u8]>)> = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let index = pos / bs;
+            let block_start = index * bs;
+            let lo = (pos - block_start) as usize;
+            let hi = (end.min(block_start + bs) - block_start) as usize;
+            let src = &data[(pos - offset) as usize..(pos - offset) as usize + (hi - lo)];
+            let block = if lo == 0 && hi == bs as usize {
+                Cow::Borrowed(src)
+            } else {
+                // Beyond the old end of file there is nothing to read: the rest is zeros.
+                let mut block = if block_start >= size {
+                    vec![0u8; bs as usize]
+                } else {
+                    self.read_block(ino, index)?
+                };
+                block[lo..hi].copy_from_slice(src);
+                Cow::Owned(block)
+            };
+            blocks.push((index, block));
+            pos = block_start + hi as u64;
+        }
+        if self.chunked() {
+            // Past the old end of file no chunk exists (truncation splits or drops them).
+            let split: BTreeSet<u64> = blocks
+                .iter()
+                .filter(|(index, block)| index * bs < size && private_extent(block).is_none())
+                .map(|(index, _)| self.chunk_of(*index))
+                .collect();
+            for first in split {
+                self.split_chunk(b, ino, first)?;
+            }
+        }
+        for (index, block) in &blocks {
+            self.put_block(b, ino, *index, block);
+        }
+        Ok(())
+    }
+
+    /// Writes whole aligned chunks `data` at `offset` (a multiple of the chunk size) of `ino`
+    /// (a file of `size` bytes before) into `b`: one value per chunk, after deleting the block
+    /// keys they replace.
+    fn write_chunks(
+        &self,
+        b: &mut Batch<'_>,
+        ino: u64,
+        size: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
+        let bs = self.block_size;
+        let first = offset / bs;
+        if !self.chunked() {
+            for (nth, block) in data.chunks(bs as usize).enumerate() {
+                self.put_block(b, ino, first + nth as u64, block);
+            }
+            return Ok(());
+        }
+        if offset < size {
+            // Block keys from earlier partial writes overlay the old chunks: drop them.
+            const POINT_DELETES_MAX: usize = 256;
+            let last = first + data.len() as u64 / bs;
+            let (start, end) = (extent_key(ino, first), extent_key(ino, last));
+            let mut blocks = Vec::new();
+            self.db().keys(Family::Extents, &start, &end, |k| {
+                if let Some(ExtentKey::Block(index)) = decode_extent_key(k) {
+                    blocks.push(index);
+                }
+                blocks.len() <= POINT_DELETES_MAX
+            })?;
+            if blocks.len() > POINT_DELETES_MAX {
+                // (Also deletes the old chunk keys: the puts below come later in the batch.)
+                b.delete_range(Family::Extents, &start, &end);
+            } else {
+                for index in blocks {
+                    b.delete(Family::Extents, &extent_key(ino, index));
+                }
+            }
+        }
+        let unit = (self.chunk_blocks * bs) as usize;
+        for (nth, chunk) in data.chunks(unit).enumerate() {
+            let key = chunk_key(ino, first + nth as u64 * self.chunk_blocks);
+            match private_extent(chunk) {
+                Some(v) => b.put(Family::Extents, &key, v),
+                None if offset + ((nth * unit) as u64) < size => b.delete(Family::Extents, &key),
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Zeroes `[offset, offset+len)` of `ino` (clamped to `size`) in batch `b`: whole chunks
+    /// (or blocks) become holes, the edges are written as zeros (a whole block of zeros is a
+    /// hole too).
+    pub(super) fn zero_range(
+        &self,
+        b: &mut Batch<'_>,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        size: u64,
+    ) -> Result<()> {
+        let end = offset.saturating_add(len).min(size.max(offset));
+        if end <= offset {
+            return Ok(());
+        }
+        let bs = self.block_size;
+        let (lo, hi) = self.whole_chunks(offset, end);
+        let edges = if lo < hi {
+            self.delete_keys(
+                b,
+                Family::Extents,
+                &extent_key(ino, lo / bs),
+                &extent_key(ino, hi / bs),
+            )?;
+            [(offset, lo), (hi, end)]
+        } else {
+            [(offset, end), (end, end)]
+        };
+        for (from, to) in edges {
+            if from < to {
+                let zeros = vec![0u8; (to - from) as usize];
+                self.write_blocks(b, ino, size, from, &zeros)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        self.read_into(ino, offset, size, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Self::read`] into `out` (replacing what it held), so that a caller can reuse one
+    /// buffer: its pages stay mapped from one read to the next.
+    pub fn read_into(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
+        out.clear();
+        let attr = self.getattr(ino)?;
+        match attr.kind {
+            FileKind::File => {}
+            FileKind::Dir => return Err(VolumeError::IsDir),
+            _ => return Err(VolumeError::Invalid),
+        }
+        if offset >= attr.size || size == 0 {
+            return Ok(()); // (an empty range: `end - 1` below would underflow)
+        }
+        let end = (offset + u64::from(size)).min(attr.size);
+        out.resize((end - offset) as usize, 0);
+        let out = &mut out[..];
+        let bs = self.block_size;
+        let first = offset / bs;
+        let last = (end - 1) / bs;
+        let plan = self.readahead.plan(ino, offset, end, attr.size);
+        if let Some((from, to)) = plan.background {
+            self.readahead
+                .fetch(&self.tenant, ino, from, to, bs, self.chunk_blocks);
+        }
+        // Blocks past `last` are looked up only to bring them into the cache.
+        let fetch_last =
+            ((plan.sync_end - 1) / bs).clamp(last, (first + MULTI_GET_BLOCKS - 1).max(last));
+        let mut block = vec![0u8; bs as usize];
+        let mut err = None;
+        // Blocks with their own key: a chunk's copy of them is stale.
+        let mut overlaid = vec![false; (last - first + 1) as usize];
+        // Blocks shared with a base image are fetched together after the lookups.
+        let mut base_refs: Vec<(u64, Vec<u8>)> = Vec::new();
+        let span = |index: u64| {
+            let block_start = index * bs;
+            let lo = offset.max(block_start);
+            let hi = end.min(block_start + bs);
+            (
+                (lo - offset) as usize..(hi - offset) as usize,
+                (lo - block_start) as usize..(hi - block_start) as usize,
+            )
+        };
+        let place = |out: &mut [u8], index: u64, block: &[u8]| {
+            let (to, from) = span(index);
+            out[to].copy_from_slice(&block[from]);
+        };
+        let mut copy = |name: ExtentKey, value: &[u8]| -> bool {
+            let result = match name {
+                ExtentKey::Block(index) if index > last => return true,
+                ExtentKey::Block(index) => {
+                    overlaid[(index - first) as usize] = true;
+                    if let (Some(Extent::Base(reference)), Some(_)) =
+                        (decode_extent(value), &self.base)
+                    {
+                        base_refs.push((index, reference.to_vec()));
+                        return true;
+                    }
+                    self.decode_block_into(ino, value, &mut block)
+                        .map(|()| place(out, index, &block))
+                }
+                ExtentKey::Chunk(c) if c > last => return true,
+                ExtentKey::Chunk(c) => {
+                    if value.len() as u64 > self.chunk_blocks * bs {
+                        Err(self.damaged(ino))
+                    } else {
+                        // Straight from the value: the blocks in range without their own key.
+                        for index in c.max(first)..(c + self.chunk_blocks).min(last + 1) {
+                            if overlaid[(index - first) as usize] {
+                                continue;
+                            }
+                            let (to, from) = span(index);
+                            let base = ((index - c) * bs) as usize;
+                            let (lo, hi) = (base + from.start, base + from.end);
+                            let have = value.get(lo..value.len().min(hi)).unwrap_or(&[]);
+                            let (data, zeros) = out[to].split_at_mut(have.len());
+                            data.copy_from_slice(have);
+                            zeros.fill(0);
+                        }
+                        Ok(())
+                    }
+                }
+            };
+            match result {
+                Ok(()) => true,
+                Err(e) => {
+                    err = Some(e);
+                    false
+                }
+            }
+        };
+        let blocks = last - first + 1;
+        if blocks <= MULTI_GET_BLOCKS {
+            // Point lookups use the bloom filters; an iterator would visit every SST whose key
+            // range overlaps the file, which after overwrites can be many.
+            let (keys, names) = lookup_keys(ino, first, fetch_last, self.chunk_blocks);
+            self.db().multi_get(Family::Extents, &keys, |i, v| {
+                copy(names[i], v);
+            })?;
+        } else {
+            // Very large reads scan, fetching their span from the SSTs in large reads.
+            let readahead = ((blocks * bs) as usize).min(4 << 20);
+            self.db().range_with_readahead(
+                Family::Extents,
+                &extent_key(ino, self.chunk_of(first)),
+                &extent_key(ino, last + 1),
+                readahead,
+                |k, v| match decode_extent_key(k) {
+                    Some(ExtentKey::Block(index)) if index < first => true,
+                    Some(name) => copy(name, v),
+                    None => true,
+                },
+            )?;
+        }
+        if let Some(e) = err {
+            return Err(e);
+        }
+        if let (Some(base), false) = (&self.base, base_refs.is_empty()) {
+            let mut blocks = vec![0u8; base_refs.len() * bs as usize];
+            let refs: Vec<&[u8]> = base_refs.iter().map(|(_, r)| r.as_slice()).collect();
+            let mut outs: Vec<&mut [u8]> = blocks.chunks_mut(bs as usize).collect();
+            base.read_many(&refs, &mut outs)
+                .map_err(|detail| self.base_error(ino, detail))?;
+            for ((index, _), block) in base_refs.iter().zip(blocks.chunks(bs as usize)) {
+                place(out, *index, block);
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that `[offset, offset+len)` fits a file, locks the inode and loads it; the inode
+    /// must be a regular file (a directory is EISDIR, anything else `not_file`).
+    fn lock_file_range(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        not_file: VolumeError,
+    ) -> Result<(std::sync::MutexGuard<'_, ()>, super::Attr, u64)> {
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= super::MAX_FILE_SIZE)
+            .ok_or(VolumeError::TooBig)?;
+        let guard = self.inodes.lock(ino);
+        let (attr, _) = self.load(ino)?;
+        match attr.kind {
+            FileKind::File => Ok((guard, attr, end)),
+            FileKind::Dir => Err(VolumeError::IsDir),
+            _ => Err(not_file),
+        }
+    }
+
+    pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let (_g, mut attr, end) =
+            self.lock_file_range(ino, offset, data.len() as u64, VolumeError::Invalid)?;
+        if data.is_empty() {
+            return Ok(0); // writes nothing, and does not move the end of file either
+        }
+        let mut b = self.db().batch();
+        let (lo, hi) = self.whole_chunks(offset, end);
+        let at = |pos: u64| (pos - offset) as usize;
+        if lo < hi {
+            self.write_blocks(&mut b, ino, attr.size, offset, &data[..at(lo)])?;
+            self.write_chunks(&mut b, ino, attr.size, lo, &data[at(lo)..at(hi)])?;
+            self.write_blocks(&mut b, ino, attr.size, hi, &data[at(hi)..])?;
+        } else {
+            self.write_blocks(&mut b, ino, attr.size, offset, data)?;
+        }
+        let t = now();
+        attr.size = attr.size.max(end);
+        attr.mtime = t;
+        attr.ctime = t;
+        kill_privileges(&mut attr);
+        if data.len() >= UNLOGGED_WRITE_MIN {
+            // Bulk data goes to the memtable only and is written once, into a blob file at
+            // flush; fsync flushes it (see `TenantDb::write_unlogged`). The inode goes through
+            // the WAL after it: a crash before the flush leaves the new size over holes
+            // (zeros, as a file system loses unsynced data), never blocks past the size.
+            self.db().write_unlogged(b)?;
+            let mut b = self.db().batch();
+            self.store_attr(&mut b, &attr, &[]);
+            self.db().write(b)?;
+        } else {
+            self.store_attr(&mut b, &attr, &[]);
+            self.db().write(b)?;
+        }
+        Ok(data.len() as u32)
+    }
+
+    pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: Fallocate) -> Result<()> {
+        if len == 0 {
+            return Err(VolumeError::Invalid);
+        }
+        let (_g, mut attr, end) =
+            self.lock_file_range(ino, offset, len, VolumeError::NotSupported)?;
+        let t = now();
+        let mut b = self.db().batch();
+        let grow = match mode {
+            Fallocate::Allocate { keep_size } => !keep_size,
+            Fallocate::PunchHole => {
+                self.zero_range(&mut b, ino, offset, len, attr.size)?;
+                attr.mtime = t;
+                false
+            }
+            Fallocate::ZeroRange { keep_size } => {
+                self.zero_range(&mut b, ino, offset, len, attr.size)?;
+                attr.mtime = t;
+                !keep_size
+            }
+        };
+        if grow && end > attr.size {
+            attr.size = end;
+        }
+        attr.ctime = t;
+        self.store_attr(&mut b, &attr, &[]);
+        self.db().write(b)?;
+        Ok(())
+    }
+
+    /// The extent keys of `ino` from the one covering byte `offset` on, as the block ranges
+    /// they cover, in order, while `f` returns true.
+    fn extents_from(
+        &self,
+        ino: u64,
+        offset: u64,
+        mut f: impl FnMut(u64, u64) -> bool,
+    ) -> Result<()> {
+        let start = self.chunk_of(offset / self.block_size);
+        Ok(self.db().keys(
+            Family::Extents,
+            &extent_key(ino, start),
+            &extent_key(ino, u64::MAX),
+            |k| match decode_extent_key(k) {
+                Some(ExtentKey::Block(index)) => f(index, index + 1),
+                Some(ExtentKey::Chunk(c)) => f(c, c + self.chunk_blocks),
+                None => true,
+            },
+        )?)
+    }
+
+    /// lseek(SEEK_DATA): the first offset >= `offset` inside data. (A chunk counts as data
+    /// up to its end, zeros after its last non-zero byte included.)
+    pub fn seek_data(&self, ino: u64, offset: u64) -> Result<u64> {
+        let attr = self.getattr(ino)?;
+        if offset >= attr.size {
+            return Err(VolumeError::NoMoreData);
+        }
+        let bs = self.block_size;
+        let from = offset / bs;
+        let mut found = None;
+        self.extents_from(ino, offset, |lo, hi| {
+            if hi > from {
+                found = Some(lo.max(from));
+                false
+            } else {
+                true
+            }
+        })?;
+        match found {
+            Some(index) if index * bs < attr.size => Ok(offset.max(index * bs)),
+            _ => Err(VolumeError::NoMoreData),
+        }
+    }
+
+    /// lseek(SEEK_HOLE): the first offset >= `offset` inside a hole (end of file counts).
+    pub fn seek_hole(&self, ino: u64, offset: u64) -> Result<u64> {
+        let attr = self.getattr(ino)?;
+        if offset >= attr.size {
+            return Err(VolumeError::NoMoreData);
+        }
+        let bs = self.block_size;
+        let mut expect = offset / bs;
+        self.extents_from(ino, offset, |lo, hi| {
+            if lo > expect {
+                false
+            } else {
+                expect = expect.max(hi);
+                true
+            }
+        })?;
+        Ok(offset.max(expect * bs).min(attr.size))
+    }
+}
