@@ -1823,12 +1823,12 @@ fn extent_key_counts(vol: &Volume) -> (usize, usize) {
     (blocks, chunks)
 }
 
-/// Whole aligned 64 KiB runs are stored as one chunk value each; smaller writes into them,
-/// holes punched into them, a block of zeros written into them and truncation through them
-/// read back exactly (block keys overlay the chunk; a block that becomes a hole splits it), and
-/// lseek finds the holes exactly, before and after a reopen.
+/// Whole aligned 64 KiB runs are stored as one chunk value each; smaller writes into them
+/// (which split them into block keys), holes punched into them, a block of zeros written into
+/// them and truncation through them read back exactly, and lseek finds the holes exactly,
+/// before and after a reopen.
 #[test]
-fn chunks_take_overlays_holes_and_truncation() {
+fn chunks_take_writes_holes_and_truncation() {
     const CHUNK: u64 = 16 * BS;
     let t = TestHost::new(DirectIo::Auto);
     let mut vol = open_volume(&t, "chunks");
@@ -1860,8 +1860,12 @@ fn chunks_take_overlays_holes_and_truncation() {
     // A block over a chunk, part of a block over a chunk (read, patch, write).
     write(&vol, &mut model, 2 * BS, &noise(8, BS as usize));
     write(&vol, &mut model, CHUNK + 1000, &noise(9, 100));
-    check(&vol, &model, "overlays");
-    assert_eq!(extent_key_counts(&vol), (2, 16));
+    check(&vol, &model, "blocks written into chunks");
+    assert_eq!(
+        extent_key_counts(&vol),
+        (32, 14),
+        "the two chunks written into are split into 16 block keys each"
+    );
     // A block of zeros in chunk 2: a hole, found by SEEK_HOLE exactly.
     write(&vol, &mut model, 2 * CHUNK + 3 * BS, &vec![0; BS as usize]);
     check(&vol, &model, "zero block");
