@@ -229,25 +229,16 @@ impl Volume {
             return Ok(());
         }
         if offset < size {
-            // Block keys from earlier partial writes overlay the old chunks: drop them.
-            const POINT_DELETES_MAX: usize = 256;
+            // Block keys (of chunks split by earlier writes, or from format 2) give way to the
+            // chunks; old chunk keys are simply overwritten by the puts below.
             let last = first + data.len() as u64 / bs;
-            let (start, end) = (extent_key(ino, first), extent_key(ino, last));
-            let mut blocks = Vec::new();
-            self.db().keys(Family::Extents, &start, &end, |k| {
-                if let Some(ExtentKey::Block(index)) = decode_extent_key(k) {
-                    blocks.push(index);
-                }
-                blocks.len() <= POINT_DELETES_MAX
-            })?;
-            if blocks.len() > POINT_DELETES_MAX {
-                // (Also deletes the old chunk keys: the puts below come later in the batch.)
-                b.delete_range(Family::Extents, &start, &end);
-            } else {
-                for index in blocks {
-                    b.delete(Family::Extents, &extent_key(ino, index));
-                }
-            }
+            self.delete_keys_where(
+                b,
+                Family::Extents,
+                &extent_key(ino, first),
+                &extent_key(ino, last),
+                |k| matches!(decode_extent_key(k), Some(ExtentKey::Block(_))),
+            )?;
         }
         let unit = (self.chunk_blocks * bs) as usize;
         for (nth, chunk) in data.chunks(unit).enumerate() {

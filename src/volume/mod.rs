@@ -1077,10 +1077,25 @@ impl Volume {
         start: &[u8],
         end: &[u8],
     ) -> Result<()> {
+        self.delete_keys_where(b, family, start, end, |_| true)
+    }
+
+    /// [`Self::delete_keys`] of the keys `which` picks (the range tombstone, when there are
+    /// many, takes all: callers put back what must stay later in the same batch).
+    fn delete_keys_where(
+        &self,
+        b: &mut crate::store::Batch<'_>,
+        family: Family,
+        start: &[u8],
+        end: &[u8],
+        which: impl Fn(&[u8]) -> bool,
+    ) -> Result<()> {
         const POINT_DELETES_MAX: usize = 256;
         let mut keys = Vec::new();
         self.db().keys(family, start, end, |k| {
-            keys.push(k.to_vec());
+            if which(k) {
+                keys.push(k.to_vec());
+            }
             keys.len() <= POINT_DELETES_MAX
         })?;
         if keys.len() > POINT_DELETES_MAX {
