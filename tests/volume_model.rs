@@ -1824,7 +1824,7 @@ fn extent_key_counts(vol: &Volume) -> (usize, usize) {
 }
 
 /// Whole aligned 64 KiB runs are stored as one chunk value each; smaller writes into them
-/// (which split them into block keys), holes punched into them, a block of zeros written into
+/// (which go over them, then are folded with them into block keys), holes punched into them, a block of zeros written into
 /// them and truncation through them read back exactly, and lseek finds the holes exactly,
 /// before and after a reopen.
 #[test]
@@ -1863,8 +1863,15 @@ fn chunks_take_writes_holes_and_truncation() {
     check(&vol, &model, "blocks written into chunks");
     assert_eq!(
         extent_key_counts(&vol),
+        (2, 16),
+        "the blocks go over the chunks until they are folded"
+    );
+    vol.fold_now();
+    check(&vol, &model, "blocks written into chunks, folded");
+    assert_eq!(
+        extent_key_counts(&vol),
         (32, 14),
-        "the two chunks written into are split into 16 block keys each"
+        "the two chunks written into are folded into 16 block keys each"
     );
     // A block of zeros in chunk 2: a hole, found by SEEK_HOLE exactly.
     write(&vol, &mut model, 2 * CHUNK + 3 * BS, &vec![0; BS as usize]);

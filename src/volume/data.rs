@@ -4,12 +4,13 @@
 //! so streaming I/O moves one 64 KiB value where it would move sixteen 4 KiB ones (a cold read
 //! costs half the CPU per byte: `examples/bench_extent_size.rs`). Everything else, above all a
 //! 4 KiB random write, stays one block value: a single WAL append that never reads old bytes.
-//! A block write into a chunk splits the chunk into block keys first (once per chunk: later
-//! writes find no chunk), and so does a hole punched or truncated into one, so holes stay
-//! exact and a file rewritten at random is block keys, as in format 2, until its chunks are
-//! written whole again. A chunk write deletes the block keys it covers. Reads still merge
-//! (a block key wins over its chunk's copy): format 2 stores migrated in place, and the one
-//! batch in which a split's blocks and the write's own come together. Layout: `codec`.
+//! A block written into a chunk goes over it (reads merge: a block key wins over its chunk's
+//! copy) and the chunk is folded into block keys in the background once writes leave it
+//! alone (`fold`), so a file rewritten at random ends as block keys, as in format 2, until
+//! its chunks are written whole again. A hole cannot go over a chunk (an absent key would
+//! show the chunk through): a hole punched or truncated into a chunk, or a block of zeros
+//! written into one, splits it at once. A chunk write deletes the block keys it covers.
+//! Layout: `codec`.
 
 use std::borrow::Cow;
 use std::collections::BTreeSet;
@@ -23,11 +24,78 @@ use super::{
     UNLOGGED_WRITE_MIN,
 };
 use crate::store::{Batch, Family};
+use crate::tenants::Tenant;
 
 /// Blocks per chunk for a volume of `block_size` blocks: 1 (no chunks) when a block is already
 /// a chunk or larger.
 pub(super) fn chunk_blocks(block_size: u64) -> u64 {
     (CHUNK_BYTES / block_size).max(1)
+}
+
+/// What is stored for chunk `first` of `ino`: whether the chunk value exists, and which of its
+/// blocks have their own key over it. Keys only: no value is read.
+pub(super) fn chunk_cover(
+    tenant: &Tenant,
+    chunk_blocks: u64,
+    ino: u64,
+    first: u64,
+) -> Result<(bool, BTreeSet<u64>)> {
+    let mut chunk = false;
+    let mut overlaid = BTreeSet::new();
+    tenant.db().keys(
+        Family::Extents,
+        &extent_key(ino, first),
+        &extent_key(ino, first + chunk_blocks),
+        |k| {
+            match decode_extent_key(k) {
+                Some(ExtentKey::Block(index)) => {
+                    overlaid.insert(index);
+                }
+                Some(ExtentKey::Chunk(c)) => chunk |= c == first,
+                None => {}
+            }
+            true
+        },
+    )?;
+    Ok((chunk, overlaid))
+}
+
+/// Rewrites chunk `first` of `ino` (if it exists) as block keys in `b`, leaving out the blocks
+/// that already have their own key (they overlay the chunk), and deletes the chunk key; false
+/// when there is no chunk. A chunk overlaid whole is not read at all. Later changes to its
+/// blocks in the same batch win over the rewritten blocks. The caller holds the inode's lock.
+pub(super) fn split_chunk(
+    tenant: &Tenant,
+    b: &mut Batch<'_>,
+    block_size: u64,
+    chunk_blocks: u64,
+    ino: u64,
+    first: u64,
+) -> Result<bool> {
+    let (exists, overlaid) = chunk_cover(tenant, chunk_blocks, ino, first)?;
+    if !exists {
+        return Ok(false);
+    }
+    if (overlaid.len() as u64) < chunk_blocks {
+        let db = tenant.db();
+        let Some(chunk) = db.get(Family::Extents, &chunk_key(ino, first))? else {
+            return Ok(false);
+        };
+        let bs = block_size as usize;
+        if chunk.len() > chunk_blocks as usize * bs {
+            return Err(super::damaged(tenant, ino));
+        }
+        for (nth, data) in chunk.chunks(bs).enumerate() {
+            let index = first + nth as u64;
+            if !overlaid.contains(&index) {
+                if let Some(v) = private_extent(data) {
+                    b.put(Family::Extents, &extent_key(ino, index), v);
+                }
+            }
+        }
+    }
+    b.delete(Family::Extents, &chunk_key(ino, first));
+    Ok(true)
 }
 
 impl Volume {
@@ -116,41 +184,6 @@ impl Volume {
         }
     }
 
-    /// Rewrites chunk `first` of `ino` (if it exists) as block keys in `b`, leaving out the
-    /// blocks that already have their own key (they overlay the chunk), and deletes the chunk
-    /// key. Later changes to its blocks in the same batch win over the rewritten blocks.
-    fn split_chunk(&self, b: &mut Batch<'_>, ino: u64, first: u64) -> Result<()> {
-        let Some(chunk) = self.db().get(Family::Extents, &chunk_key(ino, first))? else {
-            return Ok(());
-        };
-        let bs = self.block_size as usize;
-        if chunk.len() > self.chunk_blocks as usize * bs {
-            return Err(self.damaged(ino));
-        }
-        let mut overlaid = BTreeSet::new();
-        self.db().keys(
-            Family::Extents,
-            &extent_key(ino, first),
-            &extent_key(ino, first + self.chunk_blocks),
-            |k| {
-                if let Some(ExtentKey::Block(index)) = decode_extent_key(k) {
-                    overlaid.insert(index);
-                }
-                true
-            },
-        )?;
-        for (nth, data) in chunk.chunks(bs).enumerate() {
-            let index = first + nth as u64;
-            if !overlaid.contains(&index) {
-                if let Some(v) = private_extent(data) {
-                    b.put(Family::Extents, &extent_key(ino, index), v);
-                }
-            }
-        }
-        b.delete(Family::Extents, &chunk_key(ino, first));
-        Ok(())
-    }
-
     /// Writes `data` at `offset` of `ino` (a file of `size` bytes before) block by block into
     /// `b`: whole blocks never read the old bytes, partial ones read, patch and rewrite their
     /// block; a chunk written into is split into block keys first.
@@ -188,19 +221,29 @@ impl Volume {
             pos = block_start + hi as u64;
         }
         if self.chunked() {
-            // A chunk written into is split into blocks, so a chunk and block keys over it do
-            // not coexist: reads would fetch and cache both (measured: a cold 1 GiB read
-            // after 10 s of random 4 KiB writes fell from 213 to 148 MiB/s, and the cache
-            // held the file twice). The first write into a chunk pays for it (a 64 KiB read,
-            // 60 KiB more in its batch); later ones find no chunk (a bloom-filter miss). Past
-            // the old end of file no chunk exists (truncation splits or drops them).
-            let split: BTreeSet<u64> = blocks
-                .iter()
-                .filter(|(index, _)| index * bs < size)
-                .map(|(index, _)| self.chunk_of(*index))
-                .collect();
+            // Blocks go over the chunk they land in, which is folded into block keys later
+            // (`fold`), once writes leave it alone. A block of zeros is a hole, an absent key
+            // that would let the chunk show through: its chunk is split now, as is one the fold
+            // queue cannot take. Past the old end of file no chunk exists (truncation splits or
+            // drops them).
+            let mut split = BTreeSet::new();
+            let mut queued = BTreeSet::new();
+            for (index, block) in blocks.iter().filter(|(index, _)| index * bs < size) {
+                let first = self.chunk_of(*index);
+                if private_extent(block).is_none() {
+                    split.insert(first);
+                } else {
+                    queued.insert(first);
+                }
+            }
+            let later: Vec<u64> = queued.difference(&split).copied().collect();
+            for first in later {
+                if !self.folds.note(ino, first, true) {
+                    split.insert(first);
+                }
+            }
             for first in split {
-                self.split_chunk(b, ino, first)?;
+                split_chunk(&self.tenant, b, bs, self.chunk_blocks, ino, first)?;
             }
         }
         for (index, block) in &blocks {
@@ -326,6 +369,8 @@ impl Volume {
         let mut err = None;
         // Blocks with their own key: a chunk's copy of them is stale.
         let mut overlaid = vec![false; (last - first + 1) as usize];
+        // Chunks met in range, to queue for folding if blocks overlay them.
+        let mut chunks_met: Vec<u64> = Vec::new();
         // Blocks shared with a base image are fetched together after the lookups.
         let mut base_refs: Vec<(u64, Vec<u8>)> = Vec::new();
         let span = |index: u64| {
@@ -360,6 +405,7 @@ impl Volume {
                     if value.len() as u64 > self.chunk_blocks * bs {
                         Err(self.damaged(ino))
                     } else {
+                        chunks_met.push(c);
                         // Straight from the value: the blocks in range without their own key.
                         for index in c.max(first)..(c + self.chunk_blocks).min(last + 1) {
                             if overlaid[(index - first) as usize] {
@@ -410,6 +456,14 @@ impl Volume {
         }
         if let Some(e) = err {
             return Err(e);
+        }
+        for c in chunks_met {
+            // A chunk left overlaid (its fold dropped at a close, or a format 2 store).
+            let lo = c.max(first) - first;
+            let hi = (c + self.chunk_blocks).min(last + 1) - first;
+            if overlaid[lo as usize..hi as usize].contains(&true) {
+                self.folds.note(ino, c, false);
+            }
         }
         if let (Some(base), false) = (&self.base, base_refs.is_empty()) {
             let mut blocks = vec![0u8; base_refs.len() * bs as usize];

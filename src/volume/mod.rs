@@ -9,6 +9,7 @@
 
 mod codec;
 mod data;
+mod fold;
 mod graft;
 mod locks;
 mod readahead;
@@ -21,6 +22,7 @@ use crate::store::{Family, StoreError};
 use crate::tenants::Tenant;
 
 use codec::*;
+use fold::Folds;
 pub use graft::GraftNode;
 use locks::InodeLocks;
 use readahead::Readahead;
@@ -290,9 +292,11 @@ pub struct Volume {
     /// Serialises namespace changes (create, unlink, rename, link), which check and then change
     /// several keys.
     namespace: Mutex<()>,
-    inodes: InodeLocks,
+    /// Shared with the fold thread, which takes an inode's lock to fold its chunks.
+    inodes: Arc<InodeLocks>,
     base: Option<Arc<dyn BaseBlocks>>,
     readahead: Readahead,
+    folds: Folds,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -404,13 +408,22 @@ impl Volume {
                     .map(|b| u64::from_be_bytes(b.try_into().unwrap()))
             })
             .unwrap_or(ROOT_INO);
+        let tenant = Arc::new(tenant);
+        let inodes = Arc::new(InodeLocks::new());
+        let chunk_blocks = data::chunk_blocks(block_size);
         let volume = Self {
-            tenant: Arc::new(tenant),
+            folds: Folds::new(
+                Arc::clone(&tenant),
+                Arc::clone(&inodes),
+                block_size,
+                chunk_blocks,
+            ),
+            tenant,
             block_size,
-            chunk_blocks: data::chunk_blocks(block_size),
+            chunk_blocks,
             next_ino: AtomicU64::new(max_ino + 1),
             namespace: Mutex::new(()),
-            inodes: InodeLocks::new(),
+            inodes,
             base: None,
             readahead: Readahead::default(),
         };
@@ -442,11 +455,7 @@ impl Volume {
     }
 
     fn damaged(&self, ino: u64) -> VolumeError {
-        tracing::error!(tenant = %self.tenant.info().name, ino, "damaged inode record");
-        VolumeError::Damaged {
-            tenant: self.tenant.info().name.clone(),
-            ino,
-        }
+        damaged(&self.tenant, ino)
     }
 
     fn lock_namespace(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -973,6 +982,12 @@ impl Volume {
     }
 
     /// Makes every change so far durable.
+    /// Folds now every chunk that block writes landed on, instead of once writes leave it
+    /// alone for a while (`fold`): for tests and benchmarks that look at the settled layout.
+    pub fn fold_now(&self) {
+        self.folds.fold_now();
+    }
+
     pub fn fsync(&self) -> Result<()> {
         Ok(self.db().sync()?)
     }
@@ -1144,8 +1159,19 @@ impl Volume {
     }
 }
 
+/// The error for a record of `ino` that does not decode, logged.
+fn damaged(tenant: &Tenant, ino: u64) -> VolumeError {
+    tracing::error!(tenant = %tenant.info().name, ino, "damaged inode record");
+    VolumeError::Damaged {
+        tenant: tenant.info().name.clone(),
+        ino,
+    }
+}
+
 impl Drop for Volume {
     fn drop(&mut self) {
+        // The fold thread holds the store too; what it has not folded stays readable.
+        self.folds.close();
         // Read-ahead jobs hold the store while they run: none may outlive the volume.
         self.readahead.close();
         // Unmount or shutdown: make the WAL durable before the store closes.

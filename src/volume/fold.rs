@@ -1,0 +1,494 @@
+//! Folding chunks that block writes landed on, in the background.
+//!
+//! A block write into a chunk stores the block alone (one WAL append, as any 4 KiB random
+//! write) and leaves the chunk under it: reads merge, the block wins. A chunk with blocks over
+//! it costs a read both (they are fetched and cached twice), so it is folded into block keys
+//! later: once its file has had no block write for [`FILE_QUIET`], or the chunk none for
+//! [`CHUNK_QUIET`] (a file written slowly but without pause). By then a file rewritten at
+//! random has most of each chunk overlaid: the fold rewrites only the rest, and a chunk
+//! overlaid whole is simply deleted, without reading it. Measured on 4 KiB random writes over
+//! a freshly written 1 GiB file (`rw.sh` in BENCHMARKS.md): splitting at the first write into
+//! a chunk ran at 20k IOPS (a 64 KiB read and 60 KiB of WAL in the writer's path), folding a
+//! chunk after 2 s without writes to it at 26k (folds ran mid-job, under the file's lock),
+//! and waiting for the file to go quiet at the speed of block writes alone.
+//!
+//! A fold is content-neutral (the same bytes before and after), so it races with nothing but
+//! a change to the same chunk: it runs under the inode's lock and looks at the chunk and its
+//! overlays again there (a first look outside the lock brings the chunk into the cache, so
+//! the lock is held for cached reads only). Holes never overlay a chunk (an absent block key
+//! would show the chunk through), so writes that make holes still split at once (`data.rs`),
+//! and so does a writer when the queue is full or closed. Pending folds are dropped when the
+//! volume closes: the chunks stay readable (merged) and a read that meets one queues it again.
+//!
+//! One thread per volume, started when the first fold is queued and gone when none is left:
+//! an idle mount costs no thread.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::codec::chunk_key;
+use super::data::{chunk_cover, split_chunk};
+use super::locks::InodeLocks;
+use crate::store::Family;
+use crate::tenants::Tenant;
+
+/// A file with no block write for this long has its chunks folded.
+pub(crate) const FILE_QUIET: Duration = Duration::from_secs(2);
+/// A chunk with no block write for this long is folded, however busy its file.
+pub(crate) const CHUNK_QUIET: Duration = Duration::from_secs(30);
+/// Chunks queued at most (64 Ki chunks: 4 GiB of file data, about 3 MiB of queue); past this
+/// a writer splits the chunk itself.
+const MAX_PENDING: usize = 1 << 16;
+/// Chunks folded between two looks at the queue.
+const PER_PASS: usize = 256;
+
+/// The chunks of one volume waiting to be folded, and the thread that folds them.
+pub(crate) struct Folds {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    wake: Condvar,
+    tenant: Arc<Tenant>,
+    locks: Arc<InodeLocks>,
+    block_size: u64,
+    chunk_blocks: u64,
+}
+
+struct State {
+    /// (inode, first block of the chunk) -> when a block was last written into it.
+    due: HashMap<(u64, u64), Instant>,
+    /// inode -> when a block was last written into one of its chunks.
+    files: HashMap<u64, Instant>,
+    /// [`FILE_QUIET`] and [`CHUNK_QUIET`] (tests shorten them).
+    quiet: (Duration, Duration),
+    worker: Option<JoinHandle<()>>,
+    running: bool,
+    closed: bool,
+    folded: u64,
+}
+
+impl Folds {
+    pub(crate) fn new(
+        tenant: Arc<Tenant>,
+        locks: Arc<InodeLocks>,
+        block_size: u64,
+        chunk_blocks: u64,
+    ) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    due: HashMap::new(),
+                    files: HashMap::new(),
+                    quiet: (FILE_QUIET, CHUNK_QUIET),
+                    worker: None,
+                    running: false,
+                    closed: false,
+                    folded: 0,
+                }),
+                wake: Condvar::new(),
+                tenant,
+                locks,
+                block_size,
+                chunk_blocks,
+            }),
+        }
+    }
+
+    /// Queues chunk `first` of `ino` to be folded once writes leave it alone: a block was
+    /// written into it just now (`written`), or a read found blocks over it. False when it
+    /// cannot be queued (full, closed, no thread): the caller splits the chunk itself.
+    pub(crate) fn note(&self, ino: u64, first: u64, written: bool) -> bool {
+        let old = {
+            let mut st = self.shared.lock();
+            if st.closed || (st.due.len() >= MAX_PENDING && !st.due.contains_key(&(ino, first))) {
+                return false;
+            }
+            let now = Instant::now();
+            if written {
+                st.due.insert((ino, first), now);
+                st.files.insert(ino, now);
+            } else {
+                st.due.entry((ino, first)).or_insert(now);
+                self.shared.wake.notify_one(); // may be due at once
+            }
+            if st.running {
+                return true;
+            }
+            let shared = Arc::clone(&self.shared);
+            let spawned = std::thread::Builder::new()
+                .name("tenantfs-fold".into())
+                .spawn(move || shared.work());
+            match spawned {
+                Ok(handle) => {
+                    st.running = true;
+                    st.worker.replace(handle)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start the chunk fold thread");
+                    st.due.remove(&(ino, first));
+                    st.files.remove(&ino);
+                    return false;
+                }
+            }
+        };
+        if let Some(old) = old {
+            let _ = old.join(); // it ended when it found nothing left to fold
+        }
+        true
+    }
+
+    /// Folds every queued chunk now, however recently written.
+    pub(crate) fn fold_now(&self) {
+        let keys: Vec<(u64, u64)> = self.shared.lock().due.drain().map(|(k, _)| k).collect();
+        let folded = keys
+            .into_iter()
+            .filter(|&(ino, first)| self.shared.fold(ino, first))
+            .count();
+        self.shared.lock().folded += folded as u64;
+    }
+
+    /// Sets how long a file and a chunk must go unwritten before a fold (tests: zero folds as
+    /// soon as a chunk is queued, racing the writes).
+    #[cfg(test)]
+    pub(crate) fn set_quiet(&self, file: Duration, chunk: Duration) {
+        self.shared.lock().quiet = (file, chunk);
+    }
+
+    /// Chunks queued and chunks folded so far.
+    #[cfg(test)]
+    pub(crate) fn counts(&self) -> (usize, u64) {
+        let st = self.shared.lock();
+        (st.due.len(), st.folded)
+    }
+
+    /// Drops what is queued and waits for a fold in progress; nothing is queued afterwards.
+    pub(crate) fn close(&self) {
+        let worker = {
+            let mut st = self.shared.lock();
+            st.closed = true;
+            if !st.due.is_empty() {
+                tracing::debug!(
+                    tenant = %self.shared.tenant.info().name,
+                    chunks = st.due.len(),
+                    "volume closed with chunks not yet folded (they stay readable)"
+                );
+            }
+            st.due.clear();
+            st.files.clear();
+            st.worker.take()
+        };
+        self.shared.wake.notify_all();
+        if let Some(worker) = worker {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fold thread: folds what is due, sleeps until the next is, ends when none is left.
+    fn work(&self) {
+        loop {
+            let ready: Vec<(u64, u64)> = {
+                let mut st = self.lock();
+                loop {
+                    if st.closed || st.due.is_empty() {
+                        st.running = false;
+                        return;
+                    }
+                    let now = Instant::now();
+                    let (file_quiet, chunk_quiet) = st.quiet;
+                    let mut next = None::<Instant>;
+                    let mut ready = Vec::new();
+                    for (&(ino, first), &at) in &st.due {
+                        // No file entry: no block written into it since its last fold.
+                        let when = st
+                            .files
+                            .get(&ino)
+                            .map_or(now, |&w| (w + file_quiet).min(at + chunk_quiet));
+                        if when <= now {
+                            if ready.len() < PER_PASS {
+                                ready.push((ino, first));
+                            }
+                        } else {
+                            next = Some(next.map_or(when, |n| n.min(when)));
+                        }
+                    }
+                    if !ready.is_empty() {
+                        for key in &ready {
+                            st.due.remove(key);
+                        }
+                        let live: HashSet<u64> = st.due.keys().map(|&(ino, _)| ino).collect();
+                        st.files.retain(|ino, _| live.contains(ino));
+                        break ready;
+                    }
+                    // (At least every FILE_QUIET: a file written once since may be due first.)
+                    let wait = next.map_or(file_quiet, |n| (n - now).min(file_quiet));
+                    st = self
+                        .wake
+                        .wait_timeout(st, wait)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+            };
+            let mut folded = 0;
+            for (ino, first) in ready {
+                folded += u64::from(self.fold(ino, first));
+            }
+            self.lock().folded += folded;
+        }
+    }
+
+    /// Folds chunk `first` of `ino` if it still exists; true if it did.
+    fn fold(&self, ino: u64, first: u64) -> bool {
+        // A first look without the lock: brings the chunk into the cache if the fold will
+        // read it (a hint; what counts is the look under the lock).
+        if let Ok((true, overlaid)) = chunk_cover(&self.tenant, self.chunk_blocks, ino, first) {
+            if (overlaid.len() as u64) < self.chunk_blocks {
+                let _ = self
+                    .tenant
+                    .db()
+                    .get(Family::Extents, &chunk_key(ino, first));
+            }
+        }
+        let _g = self.locks.lock(ino);
+        let db = self.tenant.db();
+        let mut b = db.batch();
+        let result = split_chunk(
+            &self.tenant,
+            &mut b,
+            self.block_size,
+            self.chunk_blocks,
+            ino,
+            first,
+        )
+        .and_then(|found| {
+            if found {
+                db.write(b)?;
+            }
+            Ok(found)
+        });
+        match result {
+            Ok(found) => found,
+            Err(e) => {
+                // The chunk stays as it is, readable; its next write queues it again.
+                tracing::warn!(tenant = %self.tenant.info().name, ino, first, error = %e,
+                    "cannot fold a chunk into blocks");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::codec::{decode_extent_key, ExtentKey};
+    use super::super::{Fallocate, FileKind, Owner, Volume, ROOT_INO};
+    use super::*;
+    use crate::store::Family;
+
+    const CHUNK: usize = 64 << 10;
+    const BS: usize = 4096;
+
+    fn test_volume() -> (tempfile::TempDir, Volume) {
+        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = tmp.path().join("data");
+        crate::data_dir::DataDir::init(&root, None).unwrap();
+        let data = crate::data_dir::DataDir::open(&root, None).unwrap();
+        let host = crate::store::StoreHost::builder()
+            .block_cache_bytes(8 << 20)
+            .build();
+        crate::tenants::create(&data, &host, "f", None).unwrap();
+        let volume = Volume::open(crate::tenants::open(&data, &host, "f").unwrap()).unwrap();
+        assert_eq!(volume.block_size() as usize, BS);
+        (tmp, volume)
+    }
+
+    /// (chunk keys, chunk keys with a block key over them) of `ino`.
+    fn overlaid_chunks(vol: &Volume) -> (usize, usize) {
+        let mut chunks = Vec::new();
+        let mut blocks = std::collections::BTreeSet::new();
+        vol.tenant()
+            .db()
+            .keys(Family::Extents, &[], &[0xff; 17], |k| {
+                match decode_extent_key(k) {
+                    Some(ExtentKey::Chunk(c)) => chunks.push(c),
+                    Some(ExtentKey::Block(b)) => {
+                        blocks.insert(b);
+                    }
+                    None => {}
+                }
+                true
+            })
+            .unwrap();
+        let per = (CHUNK / BS) as u64;
+        let overlaid = chunks
+            .iter()
+            .filter(|&&c| blocks.range(c..c + per).next().is_some())
+            .count();
+        (chunks.len(), overlaid)
+    }
+
+    /// xorshift64*: deterministic noise without a dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+        fn bytes(&mut self, n: usize) -> Vec<u8> {
+            (0..n).map(|_| (self.next() >> 56) as u8 | 1).collect()
+        }
+    }
+
+    /// Folds that run as soon as a chunk is written into, racing block writes, partial
+    /// writes, whole-chunk rewrites and holes into the same file, change no byte it reads;
+    /// once they have all run, no chunk has a block key over it.
+    #[test]
+    fn folds_racing_writes_change_no_byte_and_leave_no_chunk_overlaid() {
+        let (_tmp, vol) = test_volume();
+        vol.folds.set_quiet(Duration::ZERO, Duration::ZERO);
+        let owner = Owner { uid: 0, gid: 0 };
+        let ino = vol
+            .mknod(ROOT_INO, b"f", FileKind::File, 0o644, owner, 0)
+            .unwrap()
+            .ino;
+        let mut rng = Rng(0x5EED_F01D);
+        let mut model = rng.bytes(32 * CHUNK);
+        vol.write(ino, 0, &model).unwrap();
+        assert_eq!(overlaid_chunks(&vol), (32, 0));
+        let write = |vol: &Volume, model: &mut Vec<u8>, at: usize, data: &[u8]| {
+            vol.write(ino, at as u64, data).unwrap();
+            model[at..at + data.len()].copy_from_slice(data);
+        };
+        for step in 0..3000 {
+            match rng.below(10) {
+                0..=6 => {
+                    let at = rng.below(model.len() / BS) * BS;
+                    let data = rng.bytes(BS);
+                    write(&vol, &mut model, at, &data);
+                }
+                7 => {
+                    let at = rng.below(model.len() - 10_000);
+                    let len = 1 + rng.below(10_000);
+                    let data = rng.bytes(len);
+                    write(&vol, &mut model, at, &data);
+                }
+                8 => {
+                    let at = rng.below(model.len() / CHUNK) * CHUNK;
+                    let data = rng.bytes(CHUNK);
+                    write(&vol, &mut model, at, &data);
+                }
+                _ => {
+                    let at = rng.below(model.len() - 20_000);
+                    let len = 1 + rng.below(20_000);
+                    vol.fallocate(ino, at as u64, len as u64, Fallocate::PunchHole)
+                        .unwrap();
+                    model[at..at + len].fill(0);
+                }
+            }
+            if step % 250 == 0 {
+                let got = vol.read(ino, 0, model.len() as u32).unwrap();
+                assert!(got == model, "step {step}: contents differ from the model");
+            }
+        }
+        vol.folds.fold_now();
+        vol.folds.close(); // waits for a fold in progress
+        let got = vol.read(ino, 0, model.len() as u32).unwrap();
+        assert!(
+            got == model,
+            "after the folds: contents differ from the model"
+        );
+        let (chunks, overlaid) = overlaid_chunks(&vol);
+        assert_eq!(overlaid, 0, "{overlaid} of {chunks} chunks still overlaid");
+        assert!(vol.folds.counts().1 > 0, "nothing was folded");
+    }
+
+    /// A block write leaves the chunk under it (one key written, nothing read back), and the
+    /// fold, when it comes, rewrites only the blocks not yet overlaid.
+    #[test]
+    fn a_block_write_goes_over_its_chunk_until_the_fold() {
+        let (_tmp, vol) = test_volume();
+        vol.folds
+            .set_quiet(Duration::from_secs(3600), Duration::from_secs(3600));
+        let owner = Owner { uid: 0, gid: 0 };
+        let ino = vol
+            .mknod(ROOT_INO, b"g", FileKind::File, 0o644, owner, 0)
+            .unwrap()
+            .ino;
+        let mut rng = Rng(7);
+        let mut model = rng.bytes(2 * CHUNK);
+        vol.write(ino, 0, &model).unwrap();
+        for at in [BS, 5 * BS, CHUNK + 2 * BS] {
+            let data = rng.bytes(BS);
+            vol.write(ino, at as u64, &data).unwrap();
+            model[at..at + BS].copy_from_slice(&data);
+        }
+        assert_eq!(overlaid_chunks(&vol), (2, 2));
+        assert_eq!(
+            vol.folds.counts(),
+            (2, 0),
+            "both chunks queued, none folded yet"
+        );
+        assert!(vol.read(ino, 0, model.len() as u32).unwrap() == model);
+        vol.folds.fold_now();
+        assert_eq!(overlaid_chunks(&vol), (0, 0));
+        assert_eq!(vol.folds.counts(), (0, 2));
+        assert!(vol.read(ino, 0, model.len() as u32).unwrap() == model);
+    }
+
+    /// A chunk left overlaid when its volume closed (the fold queue is dropped) is queued
+    /// again by the first read that meets it, and folded without waiting: its file has had
+    /// no write since.
+    #[test]
+    fn a_read_queues_a_chunk_left_overlaid_at_close() {
+        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = tmp.path().join("data");
+        crate::data_dir::DataDir::init(&root, None).unwrap();
+        let data = crate::data_dir::DataDir::open(&root, None).unwrap();
+        let host = crate::store::StoreHost::builder()
+            .block_cache_bytes(8 << 20)
+            .build();
+        crate::tenants::create(&data, &host, "r", None).unwrap();
+        let open = || Volume::open(crate::tenants::open(&data, &host, "r").unwrap()).unwrap();
+        let vol = open();
+        let owner = Owner { uid: 0, gid: 0 };
+        let ino = vol
+            .mknod(ROOT_INO, b"h", FileKind::File, 0o644, owner, 0)
+            .unwrap()
+            .ino;
+        let mut rng = Rng(11);
+        let mut model = rng.bytes(CHUNK);
+        vol.write(ino, 0, &model).unwrap();
+        let data = rng.bytes(BS);
+        vol.write(ino, 3 * BS as u64, &data).unwrap();
+        model[3 * BS..4 * BS].copy_from_slice(&data);
+        drop(vol);
+        let vol = open();
+        assert_eq!(
+            overlaid_chunks(&vol),
+            (1, 1),
+            "the fold was dropped at close"
+        );
+        assert_eq!(vol.folds.counts(), (0, 0));
+        assert!(vol.read(ino, 0, CHUNK as u32).unwrap() == model);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while overlaid_chunks(&vol) != (0, 0) {
+            assert!(Instant::now() < deadline, "the chunk was not folded");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(vol.read(ino, 0, CHUNK as u32).unwrap() == model);
+    }
+}
