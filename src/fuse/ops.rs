@@ -589,18 +589,11 @@ pub(crate) fn system_time(secs: u64, nanos: u32) -> SystemTime {
 
 /// Operations over a fresh tenant in a temporary data dir (kept alive by the guard).
 #[cfg(test)]
-pub(crate) fn test_operations() -> (tempfile::TempDir, Arc<Operations>) {
-    let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
-    let root = tmp.path().join("data");
-    crate::data_dir::DataDir::init(&root, None).unwrap();
-    let data = crate::data_dir::DataDir::open(&root, None).unwrap();
-    let host = crate::store::StoreHost::builder()
-        .block_cache_bytes(8 << 20)
-        .build();
-    crate::tenants::create(&data, &host, "p", None).unwrap();
-    let volume = Volume::open(crate::tenants::open(&data, &host, "p").unwrap()).unwrap();
+pub(crate) fn test_operations() -> (crate::volume::TestStore, Arc<Operations>) {
+    let store = crate::volume::TestStore::new();
+    let volume = store.open();
     let ops = Operations::new(Arc::new(volume), CacheMode::Direct, MountMetrics::new());
-    (tmp, Arc::new(ops))
+    (store, Arc::new(ops))
 }
 
 #[cfg(test)]

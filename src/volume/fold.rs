@@ -290,25 +290,26 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::super::codec::{decode_extent_key, ExtentKey};
-    use super::super::{Fallocate, FileKind, Owner, Volume, ROOT_INO};
+    use super::super::{Fallocate, FileKind, Owner, TestStore, Volume, ROOT_INO};
     use super::*;
     use crate::store::Family;
+    use proptest::prelude::Rng;
+    use proptest::test_runner::{RngAlgorithm, TestRng};
 
     const CHUNK: usize = 64 << 10;
     const BS: usize = 4096;
 
-    fn test_volume() -> (tempfile::TempDir, Volume) {
-        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
-        let root = tmp.path().join("data");
-        crate::data_dir::DataDir::init(&root, None).unwrap();
-        let data = crate::data_dir::DataDir::open(&root, None).unwrap();
-        let host = crate::store::StoreHost::builder()
-            .block_cache_bytes(8 << 20)
-            .build();
-        crate::tenants::create(&data, &host, "f", None).unwrap();
-        let volume = Volume::open(crate::tenants::open(&data, &host, "f").unwrap()).unwrap();
-        assert_eq!(volume.block_size() as usize, BS);
-        (tmp, volume)
+    /// A file `name` in `vol` holding `len` bytes of noise, written whole (as chunks).
+    fn noise_file(vol: &Volume, rng: &mut TestRng, name: &[u8], len: usize) -> (u64, Vec<u8>) {
+        assert_eq!(vol.block_size() as usize, BS);
+        let owner = Owner { uid: 0, gid: 0 };
+        let ino = vol
+            .mknod(ROOT_INO, name, FileKind::File, 0o644, owner, 0)
+            .unwrap()
+            .ino;
+        let model = bytes(rng, len);
+        vol.write(ino, 0, &model).unwrap();
+        (ino, model)
     }
 
     /// (chunk keys, chunk keys with a block key over them) of `ino`.
@@ -336,21 +337,16 @@ mod tests {
         (chunks.len(), overlaid)
     }
 
-    /// xorshift64*: deterministic noise without a dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
-        fn bytes(&mut self, n: usize) -> Vec<u8> {
-            (0..n).map(|_| (self.next() >> 56) as u8 | 1).collect()
-        }
+    fn below(rng: &mut TestRng, n: usize) -> usize {
+        (rng.next_u64() % n as u64) as usize
+    }
+
+    /// Noise without a zero byte (a block of it is never a hole).
+    fn bytes(rng: &mut TestRng, n: usize) -> Vec<u8> {
+        let mut v = vec![0u8; n];
+        rng.fill_bytes(&mut v);
+        v.iter_mut().for_each(|b| *b |= 1);
+        v
     }
 
     /// Folds that run as soon as a chunk is written into, racing block writes, partial
@@ -358,42 +354,37 @@ mod tests {
     /// once they have all run, no chunk has a block key over it.
     #[test]
     fn folds_racing_writes_change_no_byte_and_leave_no_chunk_overlaid() {
-        let (_tmp, vol) = test_volume();
+        let store = TestStore::new();
+        let vol = store.open();
         vol.folds.set_quiet(Duration::ZERO, Duration::ZERO);
-        let owner = Owner { uid: 0, gid: 0 };
-        let ino = vol
-            .mknod(ROOT_INO, b"f", FileKind::File, 0o644, owner, 0)
-            .unwrap()
-            .ino;
-        let mut rng = Rng(0x5EED_F01D);
-        let mut model = rng.bytes(32 * CHUNK);
-        vol.write(ino, 0, &model).unwrap();
+        let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+        let (ino, mut model) = noise_file(&vol, &mut rng, b"f", 32 * CHUNK);
         assert_eq!(overlaid_chunks(&vol), (32, 0));
         let write = |vol: &Volume, model: &mut Vec<u8>, at: usize, data: &[u8]| {
             vol.write(ino, at as u64, data).unwrap();
             model[at..at + data.len()].copy_from_slice(data);
         };
         for step in 0..3000 {
-            match rng.below(10) {
+            match below(&mut rng, 10) {
                 0..=6 => {
-                    let at = rng.below(model.len() / BS) * BS;
-                    let data = rng.bytes(BS);
+                    let at = below(&mut rng, model.len() / BS) * BS;
+                    let data = bytes(&mut rng, BS);
                     write(&vol, &mut model, at, &data);
                 }
                 7 => {
-                    let at = rng.below(model.len() - 10_000);
-                    let len = 1 + rng.below(10_000);
-                    let data = rng.bytes(len);
+                    let at = below(&mut rng, model.len() - 10_000);
+                    let len = 1 + below(&mut rng, 10_000);
+                    let data = bytes(&mut rng, len);
                     write(&vol, &mut model, at, &data);
                 }
                 8 => {
-                    let at = rng.below(model.len() / CHUNK) * CHUNK;
-                    let data = rng.bytes(CHUNK);
+                    let at = below(&mut rng, model.len() / CHUNK) * CHUNK;
+                    let data = bytes(&mut rng, CHUNK);
                     write(&vol, &mut model, at, &data);
                 }
                 _ => {
-                    let at = rng.below(model.len() - 20_000);
-                    let len = 1 + rng.below(20_000);
+                    let at = below(&mut rng, model.len() - 20_000);
+                    let len = 1 + below(&mut rng, 20_000);
                     vol.fallocate(ino, at as u64, len as u64, Fallocate::PunchHole)
                         .unwrap();
                     model[at..at + len].fill(0);
@@ -420,19 +411,14 @@ mod tests {
     /// fold, when it comes, rewrites only the blocks not yet overlaid.
     #[test]
     fn a_block_write_goes_over_its_chunk_until_the_fold() {
-        let (_tmp, vol) = test_volume();
+        let store = TestStore::new();
+        let vol = store.open();
         vol.folds
             .set_quiet(Duration::from_secs(3600), Duration::from_secs(3600));
-        let owner = Owner { uid: 0, gid: 0 };
-        let ino = vol
-            .mknod(ROOT_INO, b"g", FileKind::File, 0o644, owner, 0)
-            .unwrap()
-            .ino;
-        let mut rng = Rng(7);
-        let mut model = rng.bytes(2 * CHUNK);
-        vol.write(ino, 0, &model).unwrap();
+        let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+        let (ino, mut model) = noise_file(&vol, &mut rng, b"g", 2 * CHUNK);
         for at in [BS, 5 * BS, CHUNK + 2 * BS] {
-            let data = rng.bytes(BS);
+            let data = bytes(&mut rng, BS);
             vol.write(ino, at as u64, &data).unwrap();
             model[at..at + BS].copy_from_slice(&data);
         }
@@ -454,29 +440,15 @@ mod tests {
     /// no write since.
     #[test]
     fn a_read_queues_a_chunk_left_overlaid_at_close() {
-        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
-        let root = tmp.path().join("data");
-        crate::data_dir::DataDir::init(&root, None).unwrap();
-        let data = crate::data_dir::DataDir::open(&root, None).unwrap();
-        let host = crate::store::StoreHost::builder()
-            .block_cache_bytes(8 << 20)
-            .build();
-        crate::tenants::create(&data, &host, "r", None).unwrap();
-        let open = || Volume::open(crate::tenants::open(&data, &host, "r").unwrap()).unwrap();
-        let vol = open();
-        let owner = Owner { uid: 0, gid: 0 };
-        let ino = vol
-            .mknod(ROOT_INO, b"h", FileKind::File, 0o644, owner, 0)
-            .unwrap()
-            .ino;
-        let mut rng = Rng(11);
-        let mut model = rng.bytes(CHUNK);
-        vol.write(ino, 0, &model).unwrap();
-        let data = rng.bytes(BS);
+        let store = TestStore::new();
+        let vol = store.open();
+        let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+        let (ino, mut model) = noise_file(&vol, &mut rng, b"h", CHUNK);
+        let data = bytes(&mut rng, BS);
         vol.write(ino, 3 * BS as u64, &data).unwrap();
         model[3 * BS..4 * BS].copy_from_slice(&data);
         drop(vol);
-        let vol = open();
+        let vol = store.open();
         assert_eq!(
             overlaid_chunks(&vol),
             (1, 1),

@@ -1159,6 +1159,37 @@ impl Volume {
     }
 }
 
+/// A fresh tenant in a temporary data dir, whose volume tests open (and open again).
+#[cfg(test)]
+pub(crate) struct TestStore {
+    _tmp: tempfile::TempDir,
+    data: crate::data_dir::DataDir,
+    host: crate::store::StoreHost,
+}
+
+#[cfg(test)]
+impl TestStore {
+    pub(crate) fn new() -> Self {
+        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+        let root = tmp.path().join("data");
+        crate::data_dir::DataDir::init(&root, None).unwrap();
+        let data = crate::data_dir::DataDir::open(&root, None).unwrap();
+        let host = crate::store::StoreHost::builder()
+            .block_cache_bytes(8 << 20)
+            .build();
+        crate::tenants::create(&data, &host, "t", None).unwrap();
+        Self {
+            _tmp: tmp,
+            data,
+            host,
+        }
+    }
+
+    pub(crate) fn open(&self) -> Volume {
+        Volume::open(crate::tenants::open(&self.data, &self.host, "t").unwrap()).unwrap()
+    }
+}
+
 /// The error for a record of `ino` that does not decode, logged.
 fn damaged(tenant: &Tenant, ino: u64) -> VolumeError {
     tracing::error!(tenant = %tenant.info().name, ino, "damaged inode record");
