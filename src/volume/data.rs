@@ -186,7 +186,7 @@ impl Volume {
 
     /// Writes `data` at `offset` of `ino` (a file of `size` bytes before) block by block into
     /// `b`: whole blocks never read the old bytes, partial ones read, patch and rewrite their
-    /// block; a chunk written into is split into block keys first.
+    /// block; a block over a chunk leaves the chunk for the fold, a hole splits it first.
     fn write_blocks(
         &self,
         b: &mut Batch<'_>,

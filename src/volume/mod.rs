@@ -13,6 +13,8 @@ mod fold;
 mod graft;
 mod locks;
 mod readahead;
+#[cfg(test)]
+mod testing;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -26,6 +28,8 @@ use fold::Folds;
 pub use graft::GraftNode;
 use locks::InodeLocks;
 use readahead::Readahead;
+#[cfg(test)]
+pub(crate) use testing::TestStore;
 
 /// Where a volume reads the blocks it shares with a base image (extents tagged as base
 /// references). The volume treats a reference as opaque bytes.
@@ -1156,37 +1160,6 @@ impl Volume {
             self.purge(ino)?;
         }
         Ok(())
-    }
-}
-
-/// A fresh tenant in a temporary data dir, whose volume tests open (and open again).
-#[cfg(test)]
-pub(crate) struct TestStore {
-    _tmp: tempfile::TempDir,
-    data: crate::data_dir::DataDir,
-    host: crate::store::StoreHost,
-}
-
-#[cfg(test)]
-impl TestStore {
-    pub(crate) fn new() -> Self {
-        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
-        let root = tmp.path().join("data");
-        crate::data_dir::DataDir::init(&root, None).unwrap();
-        let data = crate::data_dir::DataDir::open(&root, None).unwrap();
-        let host = crate::store::StoreHost::builder()
-            .block_cache_bytes(8 << 20)
-            .build();
-        crate::tenants::create(&data, &host, "t", None).unwrap();
-        Self {
-            _tmp: tmp,
-            data,
-            host,
-        }
-    }
-
-    pub(crate) fn open(&self) -> Volume {
-        Volume::open(crate::tenants::open(&self.data, &self.host, "t").unwrap()).unwrap()
     }
 }
 
