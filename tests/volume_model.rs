@@ -1824,9 +1824,9 @@ fn extent_key_counts(vol: &Volume) -> (usize, usize) {
 }
 
 /// Whole aligned 64 KiB runs are stored as one chunk value each; smaller writes into them
-/// (which go over them, then are folded with them into block keys), holes punched into them, a block of zeros written into
-/// them and truncation through them read back exactly, and lseek finds the holes exactly,
-/// before and after a reopen.
+/// (which go over them, then are folded into them), holes punched into them, a block of zeros
+/// written into them and truncation through them read back exactly, and lseek finds the holes
+/// exactly, before and after a reopen.
 #[test]
 fn chunks_take_writes_holes_and_truncation() {
     const CHUNK: u64 = 16 * BS;
@@ -1870,8 +1870,8 @@ fn chunks_take_writes_holes_and_truncation() {
     check(&vol, &model, "blocks written into chunks, folded");
     assert_eq!(
         extent_key_counts(&vol),
-        (32, 14),
-        "the two chunks written into are folded into 16 block keys each"
+        (0, 16),
+        "the blocks over the two chunks are merged into them"
     );
     // A block of zeros in chunk 2: a hole, found by SEEK_HOLE exactly.
     write(&vol, &mut model, 2 * CHUNK + 3 * BS, &vec![0; BS as usize]);
@@ -2157,4 +2157,135 @@ fn kill9_during_blob_garbage_collection_loses_nothing_synced() {
         blob_files(&store_dir)
     );
     assert!(gc_read(&vol, "keep", GC_KEEP) == keep);
+}
+
+const FOLD_CHILD_ENV: &str = "TENANTFS_TEST_FOLD_CHILD";
+const FOLD_FILE: usize = 4 << 20;
+
+/// Extent keys of the volume (chunks, and blocks over them).
+fn extent_keys(vol: &Volume) -> usize {
+    let mut n = 0;
+    vol.tenant()
+        .db()
+        .keys(tenantfs::store::Family::Extents, &[], &[0xff; 17], |_| {
+            n += 1;
+            true
+        })
+        .unwrap();
+    n
+}
+
+/// The child: 4 KiB writes over the file, synced, then every fold at once (written without
+/// the WAL), announced on stdout, then idle until killed.
+fn fold_child(root: &str) {
+    let data = tenantfs::data_dir::DataDir::open(std::path::Path::new(root), None).unwrap();
+    let host = tenantfs::store::StoreHost::builder()
+        .block_cache_bytes(64 << 20)
+        .build();
+    let vol = Volume::open(tenants::open(&data, &host, "fold").unwrap()).unwrap();
+    let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
+    for (at, block) in fold_overwrites() {
+        vol.write(ino, at, &block).unwrap();
+    }
+    vol.fsync().unwrap();
+    println!("KEYS {}", extent_keys(&vol));
+    vol.fold_now();
+    println!("FOLDED {}", extent_keys(&vol));
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// Every 5th block of the file and a run of 32 blocks, rewritten with fresh noise.
+fn fold_overwrites() -> Vec<(u64, Vec<u8>)> {
+    (0..FOLD_FILE / 4096)
+        .filter(|b| b % 5 == 0 || (300..332).contains(b))
+        .map(|b| ((b * 4096) as u64, noise(5000 + b as u64, 4096)))
+        .collect()
+}
+
+/// A fold merges the blocks over a chunk into it without the WAL (it changes how data is laid
+/// out, not what it reads as): killed with folds in the memtable only, the store reopens with
+/// the synced blocks over the old chunks, reads exactly what was synced, and a read that
+/// meets them has them folded again.
+#[test]
+fn kill9_after_folds_loses_nothing_synced() {
+    if let Ok(root) = std::env::var(FOLD_CHILD_ENV) {
+        fold_child(&root);
+        return;
+    }
+    let t = TestHost::new(DirectIo::Auto);
+    let mut model = noise(11, FOLD_FILE);
+    {
+        let vol = open_volume(&t, "fold");
+        gc_write(&vol, "f", &model);
+        vol.fsync().unwrap();
+        assert_eq!(
+            extent_keys(&vol),
+            FOLD_FILE / (64 << 10),
+            "written as chunks"
+        );
+    }
+    for (at, block) in fold_overwrites() {
+        model[at as usize..at as usize + block.len()].copy_from_slice(&block);
+    }
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "kill9_after_folds_loses_nothing_synced",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(FOLD_CHILD_ENV, t.root.display().to_string())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut counts = Vec::new();
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        for line in out.lines().map_while(Result::ok) {
+            // (The harness's "test NAME ... " may start the first line.)
+            if let Some((_, n)) = line.split_once("KEYS ") {
+                counts.push(n.parse::<usize>().unwrap());
+            }
+            if let Some((_, n)) = line.split_once("FOLDED ") {
+                counts.push(n.parse::<usize>().unwrap());
+                break;
+            }
+        }
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    let chunks = FOLD_FILE / (64 << 10);
+    let overwrites = fold_overwrites().len();
+    assert_eq!(
+        counts,
+        [chunks + overwrites, chunks],
+        "the child's folds: blocks over chunks before, one key per chunk after"
+    );
+    let vol = open_volume(&t, "fold");
+    assert_eq!(
+        extent_keys(&vol),
+        chunks + overwrites,
+        "the folds were not flushed: the synced blocks are back over their chunks"
+    );
+    // The read meets the chunks left overlaid and queues them: they are folded again.
+    assert!(
+        gc_read(&vol, "f", FOLD_FILE) == model,
+        "not what was synced"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while extent_keys(&vol) != chunks {
+        assert!(std::time::Instant::now() < deadline, "not folded again");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        gc_read(&vol, "f", FOLD_FILE) == model,
+        "the second fold changed bytes"
+    );
 }

@@ -348,6 +348,19 @@ impl TenantDb {
         Ok(())
     }
 
+    /// Writes a batch that changes how data is laid out but not what it reads as (a merge of
+    /// block keys into their chunk): without the WAL, like [`Self::write_unlogged`], and
+    /// without making the next sync flush for it. A crash before the next flush loses the
+    /// batch whole, and the layout it replaced, still in the WAL or on disk, reads the same.
+    pub fn write_relayout(&self, batch: Batch<'_>) -> Result<(), StoreError> {
+        self.resume_if_stopped();
+        let mut opts = rocksdb::WriteOptions::default();
+        opts.disable_wal(true);
+        self.db
+            .write_opt(batch.inner, &opts)
+            .map_err(|e| self.write_error("write", e))
+    }
+
     /// Makes every write so far durable: syncs the WAL, after flushing the memtables if a
     /// write skipped the WAL since the last sync.
     pub fn sync(&self) -> Result<(), StoreError> {

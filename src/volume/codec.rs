@@ -15,9 +15,10 @@
 //!                   `CHUNK_BYTES / block size` blocks from `first block` (a multiple of that
 //!                   count) up to their last non-zero byte. Written for a write that covers the
 //!                   whole aligned chunk (streaming I/O: one 64 KiB value, not 16 of 4 KiB).
-//!                   A chunk write deletes the block keys it covers; a smaller write or a hole
-//!                   into a chunk first splits it into block keys. A read takes the chunk and
-//!                   block keys of its range; a block key, where both exist, wins.
+//!                   A chunk write deletes the block keys it covers; a smaller write puts
+//!                   block keys over the chunk, merged into it later (`fold`); a hole into
+//!                   a chunk splits it into block keys. A read takes the chunk and block
+//!                   keys of its range; a block key, where both exist, wins.
 //!                   (Format 3; format 2 stores hold block keys only and are read as they are.)
 //!          Values of 2 KiB and more are kept in RocksDB blob files (BlobDB): written once at
 //!          flush, never rewritten by compaction, read with O_DIRECT (see `store::host`).

@@ -5,9 +5,9 @@
 //! costs half the CPU per byte: `examples/bench_extent_size.rs`). Everything else, above all a
 //! 4 KiB random write, stays one block value: a single WAL append that never reads old bytes.
 //! A block written into a chunk goes over it (reads merge: a block key wins over its chunk's
-//! copy) and the chunk is folded into block keys in the background once writes leave it
-//! alone (`fold`), so a file rewritten at random ends as block keys, as in format 2, until
-//! its chunks are written whole again. A hole cannot go over a chunk (an absent key would
+//! copy) and the blocks are merged back into the chunk in the background once writes leave
+//! it alone (`fold`), so a file rewritten at random ends as chunks again. A hole cannot go
+//! over a chunk (an absent key would
 //! show the chunk through): a hole punched or truncated into a chunk, or a block of zeros
 //! written into one, splits it at once. A chunk write deletes the block keys it covers.
 //! Layout: `codec`.
@@ -34,7 +34,7 @@ pub(super) fn chunk_blocks(block_size: u64) -> u64 {
 
 /// What is stored for chunk `first` of `ino`: whether the chunk value exists, and which of its
 /// blocks have their own key over it. Keys only: no value is read.
-pub(super) fn chunk_cover(
+fn chunk_cover(
     tenant: &Tenant,
     chunk_blocks: u64,
     ino: u64,
@@ -64,7 +64,7 @@ pub(super) fn chunk_cover(
 /// that already have their own key (they overlay the chunk), and deletes the chunk key; false
 /// when there is no chunk. A chunk overlaid whole is not read at all. Later changes to its
 /// blocks in the same batch win over the rewritten blocks. The caller holds the inode's lock.
-pub(super) fn split_chunk(
+fn split_chunk(
     tenant: &Tenant,
     b: &mut Batch<'_>,
     block_size: u64,
@@ -95,6 +95,69 @@ pub(super) fn split_chunk(
         }
     }
     b.delete(Family::Extents, &chunk_key(ino, first));
+    Ok(true)
+}
+
+/// Merges the block keys over chunk `first` of `ino` into the chunk in `b`: one value again,
+/// the blocks' keys deleted; false when there is no chunk or nothing over it. A chunk range
+/// holds no hole (a hole splits its chunk at once), so the merged value holds exactly the
+/// bytes a read would see. A block that is not private data (a base image's block) cannot go
+/// into a chunk: the chunk is split instead ([`split_chunk`]). The caller holds the inode's
+/// lock.
+pub(super) fn merge_chunk(
+    tenant: &Tenant,
+    b: &mut Batch<'_>,
+    block_size: u64,
+    chunk_blocks: u64,
+    ino: u64,
+    first: u64,
+) -> Result<bool> {
+    let (exists, overlaid) = chunk_cover(tenant, chunk_blocks, ino, first)?;
+    if !exists || overlaid.is_empty() {
+        return Ok(false);
+    }
+    let bs = block_size as usize;
+    let mut merged = vec![0u8; chunk_blocks as usize * bs];
+    let (keys, names) = lookup_keys(ino, first, first + chunk_blocks - 1, chunk_blocks);
+    let mut damaged = false;
+    let mut not_private = false;
+    tenant
+        .db()
+        .multi_get(Family::Extents, &keys, |i, v| match names[i] {
+            ExtentKey::Chunk(_) => match merged.get_mut(..v.len()) {
+                // The blocks over it are taken from their own keys, whichever comes first.
+                Some(to) => {
+                    for (nth, (to, from)) in to.chunks_mut(bs).zip(v.chunks(bs)).enumerate() {
+                        if !overlaid.contains(&(first + nth as u64)) {
+                            to.copy_from_slice(from);
+                        }
+                    }
+                }
+                None => damaged = true,
+            },
+            ExtentKey::Block(index) => match decode_extent(v) {
+                Some(Extent::Private(data)) if data.len() <= bs => {
+                    let at = (index - first) as usize * bs;
+                    merged[at..at + data.len()].copy_from_slice(data);
+                }
+                Some(Extent::Base(_)) => not_private = true,
+                _ => damaged = true,
+            },
+        })?;
+    if damaged {
+        return Err(super::damaged(tenant, ino));
+    }
+    if not_private {
+        return split_chunk(tenant, b, block_size, chunk_blocks, ino, first);
+    }
+    for index in &overlaid {
+        b.delete(Family::Extents, &extent_key(ino, *index));
+    }
+    let key = chunk_key(ino, first);
+    match private_extent(&merged) {
+        Some(v) => b.put(Family::Extents, &key, v),
+        None => b.delete(Family::Extents, &key),
+    }
     Ok(true)
 }
 
@@ -221,8 +284,8 @@ impl Volume {
             pos = block_start + hi as u64;
         }
         if self.chunked() {
-            // Blocks go over the chunk they land in, which is folded into block keys later
-            // (`fold`), once writes leave it alone. A block of zeros is a hole, an absent key
+            // Blocks go over the chunk they land in, and are merged into it later (`fold`),
+            // once writes leave it alone. A block of zeros is a hole, an absent key
             // that would let the chunk show through: its chunk is split now, as is one the fold
             // queue cannot take. Past the old end of file no chunk exists (truncation splits or
             // drops them).

@@ -985,13 +985,13 @@ impl Volume {
         Ok(attr)
     }
 
-    /// Makes every change so far durable.
     /// Folds now every chunk that block writes landed on, instead of once writes leave it
     /// alone for a while (`fold`): for tests and benchmarks that look at the settled layout.
     pub fn fold_now(&self) {
         self.folds.fold_now();
     }
 
+    /// Makes every change so far durable.
     pub fn fsync(&self) -> Result<()> {
         Ok(self.db().sync()?)
     }
