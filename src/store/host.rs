@@ -173,9 +173,14 @@ impl StoreHost {
         // File data is compressed by the deeper SST levels' LZ4 no more: blobs are written
         // once, at flush, and most file data does not compress.
         store.set_blob_compression_type(DBCompressionType::None);
-        store.set_enable_blob_gc(true);
-        store.set_blob_gc_age_cutoff(0.25);
-        store.set_blob_gc_force_threshold(0.5);
+        // No blob GC during compactions: it relocated the live values of the oldest blob
+        // files whenever a compaction met their keys, which a streaming overwrite does all the
+        // time (values it is about to overwrite), and a whole-file overwrite needs none (an
+        // old blob file all garbage is deleted as it is). Measured, four 1 GiB write + fsync
+        // passes over one file: 409-598 MiB/s after the first with it, 808-885 without, and
+        // less disk used (1.16-1.22 GiB against 1.53-1.64). Garbage left in partly live blob
+        // files is collected where it warrants it (`volume::blob_gc`).
+        store.set_enable_blob_gc(false);
         store.set_blob_compaction_readahead_size(2 << 20);
         super::ffi::set_blob_cache(&mut store, self.cache.lru());
         store

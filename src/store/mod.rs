@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 pub use block_cache::{RocksBlockCache, RocksBlockCacheStats};
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
-pub use tenant_db::{Batch, Encryption, Entry, Family, OpenMode, TenantDb};
+pub use tenant_db::{Batch, BlobSpace, Encryption, Entry, Family, OpenMode, TenantDb};
 
 /// Size of the encryption header at the start of every store file.
 pub const FILE_HEADER_LEN: usize = file_key::PREFIX_LEN;

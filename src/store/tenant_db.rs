@@ -80,6 +80,13 @@ pub struct TenantDb {
     unlogged: AtomicBool,
 }
 
+/// What a store's blob files hold ([`TenantDb::blob_space`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlobSpace {
+    pub bytes: u64,
+    pub garbage: u64,
+}
+
 impl TenantDb {
     /// Opens (or creates) the store at `path` for `tenant`.
     pub fn open(
@@ -285,6 +292,22 @@ impl TenantDb {
         it.status()
             .map(|()| None)
             .map_err(|e| StoreError::from_rocksdb(&self.tenant, "read", e))
+    }
+
+    /// Bytes of the extents family's blob files, and how many of them are garbage (values
+    /// overwritten or deleted, as far as compaction has found).
+    pub fn blob_space(&self) -> BlobSpace {
+        let prop = |name: &str| {
+            self.db
+                .property_int_value_cf(self.cf(Family::Extents), name)
+                .ok()
+                .flatten()
+                .unwrap_or(0)
+        };
+        BlobSpace {
+            bytes: prop("rocksdb.live-blob-file-size"),
+            garbage: prop("rocksdb.live-blob-file-garbage-size"),
+        }
     }
 
     /// Bytes in memtables (active and immutable) that no SST holds yet.

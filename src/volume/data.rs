@@ -414,6 +414,7 @@ impl Volume {
         if offset >= attr.size || size == 0 {
             return Ok(()); // (an empty range: `end - 1` below would underflow)
         }
+        self.blob_gc.poke(&self.tenant);
         let end = (offset + u64::from(size)).min(attr.size);
         out.resize((end - offset) as usize, 0);
         let out = &mut out[..];
@@ -597,6 +598,7 @@ impl Volume {
             self.store_attr(&mut b, &attr, &[]);
             self.db().write(b)?;
         }
+        self.blob_gc.poke(&self.tenant);
         Ok(data.len() as u32)
     }
 

@@ -7,6 +7,7 @@
 //! whole block never reads it; a partial write reads, patches and writes that one block; a block
 //! that becomes all zeros is stored as a hole.
 
+mod blob_gc;
 mod codec;
 mod data;
 mod fold;
@@ -301,6 +302,7 @@ pub struct Volume {
     base: Option<Arc<dyn BaseBlocks>>,
     readahead: Readahead,
     folds: Folds,
+    blob_gc: blob_gc::BlobGc,
 }
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -430,6 +432,7 @@ impl Volume {
             inodes,
             base: None,
             readahead: Readahead::default(),
+            blob_gc: blob_gc::BlobGc::default(),
         };
         if volume.db().get(Family::Meta, GRAFTING_KEY)?.is_some() {
             return Err(VolumeError::Incomplete {
@@ -993,7 +996,9 @@ impl Volume {
 
     /// Makes every change so far durable.
     pub fn fsync(&self) -> Result<()> {
-        Ok(self.db().sync()?)
+        self.db().sync()?;
+        self.blob_gc.poke(&self.tenant);
+        Ok(())
     }
 
     pub fn statfs(&self) -> Result<StatFs> {
@@ -1176,6 +1181,7 @@ impl Drop for Volume {
     fn drop(&mut self) {
         // The fold thread holds the store too; what it has not folded stays readable.
         self.folds.close();
+        self.blob_gc.close();
         // Read-ahead jobs hold the store while they run: none may outlive the volume.
         self.readahead.close();
         // Unmount or shutdown: make the WAL durable before the store closes.
