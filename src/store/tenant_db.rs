@@ -359,12 +359,7 @@ impl TenantDb {
     /// lands in one memtable, and a flush takes whole memtables); callers keep such a batch
     /// to one family, whose state may then trail the others' after a crash.
     pub fn write_unlogged(&self, batch: Batch<'_>) -> Result<(), StoreError> {
-        self.resume_if_stopped();
-        let mut opts = rocksdb::WriteOptions::default();
-        opts.disable_wal(true);
-        self.db
-            .write_opt(batch.inner, &opts)
-            .map_err(|e| self.write_error("write", e))?;
+        self.write_without_wal(batch)?;
         // Marked after the write: a sync that clears the mark before this write landed sees
         // it set again, so the write is never left out of both that flush and the next.
         self.unlogged.store(true, Ordering::Release);
@@ -376,6 +371,10 @@ impl TenantDb {
     /// without making the next sync flush for it. A crash before the next flush loses the
     /// batch whole, and the layout it replaced, still in the WAL or on disk, reads the same.
     pub fn write_relayout(&self, batch: Batch<'_>) -> Result<(), StoreError> {
+        self.write_without_wal(batch)
+    }
+
+    fn write_without_wal(&self, batch: Batch<'_>) -> Result<(), StoreError> {
         self.resume_if_stopped();
         let mut opts = rocksdb::WriteOptions::default();
         opts.disable_wal(true);
