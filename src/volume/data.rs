@@ -102,8 +102,8 @@ fn split_chunk(
 /// the blocks' keys deleted; false when there is no chunk or nothing over it. A chunk range
 /// holds no hole (a hole splits its chunk at once), so the merged value holds exactly the
 /// bytes a read would see. A block that is not private data (a base image's block) cannot go
-/// into a chunk: the chunk is split instead ([`split_chunk`]). The caller holds the inode's
-/// lock.
+/// into a chunk: the chunk is split instead ([`split_chunk`]). One multi-get of the chunk's
+/// keys brings both the values and which keys exist. The caller holds the inode's lock.
 pub(super) fn merge_chunk(
     tenant: &Tenant,
     b: &mut Batch<'_>,
@@ -112,23 +112,23 @@ pub(super) fn merge_chunk(
     ino: u64,
     first: u64,
 ) -> Result<bool> {
-    let (exists, overlaid) = chunk_cover(tenant, chunk_blocks, ino, first)?;
-    if !exists || overlaid.is_empty() {
-        return Ok(false);
-    }
     let bs = block_size as usize;
     let mut merged = vec![0u8; chunk_blocks as usize * bs];
-    let (keys, names) = lookup_keys(ino, first, first + chunk_blocks - 1, chunk_blocks);
+    // Which blocks have a key of their own: their bytes come from it, not from the chunk
+    // (keys arrive in key order: the first block's key comes before the chunk's).
+    let mut overlaid = vec![false; chunk_blocks as usize];
+    let mut chunk = false;
     let mut damaged = false;
     let mut not_private = false;
+    let (keys, names) = lookup_keys(ino, first, first + chunk_blocks - 1, chunk_blocks);
     tenant
         .db()
         .multi_get(Family::Extents, &keys, |i, v| match names[i] {
             ExtentKey::Chunk(_) => match merged.get_mut(..v.len()) {
-                // The blocks over it are taken from their own keys, whichever comes first.
                 Some(to) => {
+                    chunk = true;
                     for (nth, (to, from)) in to.chunks_mut(bs).zip(v.chunks(bs)).enumerate() {
-                        if !overlaid.contains(&(first + nth as u64)) {
+                        if !overlaid[nth] {
                             to.copy_from_slice(from);
                         }
                     }
@@ -137,8 +137,11 @@ pub(super) fn merge_chunk(
             },
             ExtentKey::Block(index) => match decode_extent(v) {
                 Some(Extent::Private(data)) if data.len() <= bs => {
-                    let at = (index - first) as usize * bs;
-                    merged[at..at + data.len()].copy_from_slice(data);
+                    let nth = (index - first) as usize;
+                    overlaid[nth] = true;
+                    let (to, zeros) = merged[nth * bs..(nth + 1) * bs].split_at_mut(data.len());
+                    to.copy_from_slice(data);
+                    zeros.fill(0);
                 }
                 Some(Extent::Base(_)) => not_private = true,
                 _ => damaged = true,
@@ -147,11 +150,17 @@ pub(super) fn merge_chunk(
     if damaged {
         return Err(super::damaged(tenant, ino));
     }
+    if !chunk {
+        return Ok(false);
+    }
     if not_private {
         return split_chunk(tenant, b, block_size, chunk_blocks, ino, first);
     }
-    for index in &overlaid {
-        b.delete(Family::Extents, &extent_key(ino, *index));
+    if !overlaid.contains(&true) {
+        return Ok(false);
+    }
+    for (nth, _) in overlaid.iter().enumerate().filter(|(_, o)| **o) {
+        b.delete(Family::Extents, &extent_key(ino, first + nth as u64));
     }
     let key = chunk_key(ino, first);
     match private_extent(&merged) {
