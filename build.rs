@@ -13,6 +13,7 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("src/store/shim.cc")
+        .file("src/store/pipelined_writes.cc")
         .include(&include)
         .include(rocksdb_src.join("rocksdb"))
         .flag("-std=c++20")
@@ -23,5 +24,7 @@ fn main() {
         .define("NDEBUG", Some("1"))
         .compile("tenantfs_shim");
     println!("cargo:rerun-if-changed=src/store/shim.cc");
+    println!("cargo:rerun-if-changed=src/store/pipelined_writes.cc");
+    println!("cargo:rerun-if-changed=src/store/pipelined_writes.h");
     println!("cargo:rerun-if-changed=build.rs");
 }

@@ -164,8 +164,6 @@ impl StoreHost {
     /// a sequential write costs about two bytes on disk per byte). Blob files are encrypted by
     /// the store's Env like every other file, read with O_DIRECT, and their values cached in
     /// the shared block cache, one value per slab slot (a 4 KiB block in a 4 KiB slot).
-    /// Garbage collection rewrites the live values of the oldest quarter of blob files during
-    /// compaction, so overwritten and deleted blocks give their space back.
     pub(crate) fn extents_options(&self, mut store: Options) -> Options {
         store.set_enable_blob_files(true);
         store.set_min_blob_size(MIN_BLOB_BYTES);

@@ -2,7 +2,7 @@
 //
 // Two C++ interfaces that the C API does not expose are implemented here:
 // - rocksdb::EncryptionProvider, handed to RocksDB as an encrypted Env through the C API's own
-//   `rocksdb_env_t` wrapper. All key handling and all cipher work stays in Rust
+//   `rocksdb_env_t` wrapper (its direct writes pipelined, see pipelined_writes.cc). All key handling and all cipher work stays in Rust
 //   (src/store/ffi.rs): this file only forwards whole buffers, once per read or write call.
 // - rocksdb::MemoryAllocator over the Rust slab allocator, installed on an LRU cache (wrapped to
 //   count hits, misses and evictions) returned as the C API's `rocksdb_cache_t`, so the block
@@ -29,6 +29,8 @@
 #include "rocksdb/metadata.h"
 #include "rocksdb/options.h"
 #include "rocksdb/status.h"
+
+#include "pipelined_writes.h"
 
 using ROCKSDB_NAMESPACE::BackgroundErrorReason;
 using ROCKSDB_NAMESPACE::BackgroundErrorRecoveryInfo;
@@ -314,11 +316,14 @@ extern "C" {
 // Takes ownership of `key` (freed through tenantfs_key_free when RocksDB drops the provider).
 rocksdb_env_t* tenantfs_encrypted_env_new(void* key) {
   auto provider = std::make_shared<TenantEncryptionProvider>(key);
-  Env* env = ROCKSDB_NAMESPACE::NewEncryptedEnv(Env::Default(), provider);
-  if (env == nullptr) {
+  auto base = ROCKSDB_NAMESPACE::FileSystem::Default();
+  auto encrypted = ROCKSDB_NAMESPACE::NewEncryptedFS(base, provider);
+  if (encrypted == nullptr) {
     return nullptr;
   }
-  return new rocksdb_env_t{env, false};
+  auto fs = tenantfs::NewPipelinedWriteFs(std::move(encrypted), std::move(base), provider);
+  std::unique_ptr<Env> env = ROCKSDB_NAMESPACE::NewCompositeEnv(fs);
+  return new rocksdb_env_t{env.release(), false};
 }
 
 // Used by the layout test: the Env* this wrapper holds.

@@ -345,6 +345,15 @@ impl TenantDb {
         }
     }
 
+    /// [`Self::batch`] with room for `bytes` of keys and values, so that a batch of bulk data
+    /// is built in one allocation instead of growing (and copying itself) as it fills.
+    pub fn batch_with_capacity(&self, bytes: usize) -> Batch<'_> {
+        Batch {
+            db: self,
+            inner: WriteBatch::with_capacity_bytes(bytes),
+        }
+    }
+
     pub fn write(&self, batch: Batch<'_>) -> Result<(), StoreError> {
         self.resume_if_stopped();
         self.db

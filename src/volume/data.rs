@@ -579,7 +579,9 @@ impl Volume {
         if data.is_empty() {
             return Ok(0); // writes nothing, and does not move the end of file either
         }
-        let mut b = self.db().batch();
+        // Room for the data and, per block, a key and a record header.
+        let blocks = data.len() / self.block_size as usize + 2;
+        let mut b = self.db().batch_with_capacity(data.len() + blocks * 64);
         let (lo, hi) = self.whole_chunks(offset, end);
         let at = |pos: u64| (pos - offset) as usize;
         if lo < hi {
