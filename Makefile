@@ -35,10 +35,16 @@ demo: build
 # One optimised profile for everything: RocksDB's C++ build is shared with `make build`.
 # Examples are compiled (and linted) by `make lint`; they hold benchmarks, not tests.
 # The last line sums every test binary's result.
+# 1 MiB FUSE requests from buffers that are not page-aligned need 257 pages; the kernel's cap
+# is fs.fuse.max_pages_limit (256 by default). Raised to what the daemon asks for (512).
+FUSE_PAGES = p=/proc/sys/fs/fuse/max_pages_limit; if [ -w $$p ] && [ "$$(cat $$p)" -lt 512 ]; then \
+	  echo "raising the kernel's FUSE request size cap: echo 512 > $$p"; echo 512 > $$p; fi
+
 test: deps
 	@# FUSE over io_uring (Linux >= 6.14): off by default; the mount tests run over it.
 	@p=/sys/module/fuse/parameters/enable_uring; if [ -e $$p ] && [ "$$(cat $$p)" != Y ]; then \
 	  echo "enabling FUSE over io_uring: echo Y > $$p"; echo Y > $$p || sudo sh -c "echo Y > $$p"; fi
+	@$(FUSE_PAGES)
 	@set -o pipefail; $(CARGO) test --release --lib --bins --tests 2>&1 | tee $(CARGO_TARGET_DIR)/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "all tests: %d passed, %d failed\n", p, f }' $(CARGO_TARGET_DIR)/test.log
 
@@ -47,6 +53,7 @@ lint: deps
 	$(CARGO) clippy --release --all-targets -- -D warnings
 
 bench: build
+	@$(FUSE_PAGES)
 	$(CARGO) run --release --example bench_ctr
 	$(CARGO) run --release --example bench_encrypted_reads
 	$(CARGO) run --release --example bench_cache_regimes

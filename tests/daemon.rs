@@ -842,6 +842,33 @@ fn io_uring_and_dev_fuse_transports_serve_side_by_side() {
         std::fs::remove_file(m.join("s")).unwrap();
         std::fs::remove_dir(m.join("dir")).unwrap();
     }
+    // A 1 MiB write from a buffer 16 bytes into a page (where malloc puts large buffers)
+    // spans 257 pages: one request on either transport (max_write 2 MiB asks for 512 pages;
+    // the kernel allows what fs.fuse.max_pages_limit does, which `make test` raises), not
+    // 1 MiB - 16 bytes and then 16 bytes.
+    let limit: u32 = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+        .map(|s| s.trim().parse().unwrap())
+        .unwrap_or(256);
+    assert!(
+        limit >= 257,
+        "fs.fuse.max_pages_limit is {limit}: run `make test`, or as root \
+         `echo 512 > /proc/sys/fs/fuse/max_pages_limit`"
+    );
+    let mut buf = vec![0u8; (1 << 20) + 8192];
+    let skip = 4096 - buf.as_ptr() as usize % 4096 + 16;
+    buf[skip..skip + (1 << 20)].fill(9);
+    for (m, t) in [(&mr, "r"), (&md, "d")] {
+        let calls = || {
+            mount_stats(&h, t)["ops"]["write"]["calls"]
+                .as_u64()
+                .unwrap()
+        };
+        let before = calls();
+        std::fs::write(m.join("big"), &buf[skip..skip + (1 << 20)]).unwrap();
+        assert_eq!(calls(), before + 1, "{t}: a 1 MiB write came in pieces");
+        assert_eq!(std::fs::read(m.join("big")).unwrap(), vec![9u8; 1 << 20]);
+        std::fs::remove_file(m.join("big")).unwrap();
+    }
     let (r, dv) = (mount_stats(&h, "r"), mount_stats(&h, "d"));
     assert!(r["ring_requests"].as_u64().unwrap() >= 15, "{r}");
     assert_eq!(dv["ring_requests"].as_u64(), Some(0), "{dv}");
