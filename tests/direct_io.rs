@@ -250,6 +250,7 @@ fn pipelined_direct_writes_read_back_after_reopen() {
     let host = &t.host;
     tenants::create(&t.data, host, "p", None).unwrap();
     let values = odd_values(40 << 20);
+    let pipelined = tenantfs::store::layout::pipelined_files();
     {
         let tenant = tenants::open(&t.data, host, "p").unwrap();
         let db = tenant.db();
@@ -270,6 +271,9 @@ fn pipelined_direct_writes_read_back_after_reopen() {
             blobs.bytes >= 40 << 20,
             "the values did not go to blob files: {blobs:?}"
         );
+        // 4 flushes (an SST and a blob file each) and a compaction's outputs, at least.
+        let files = tenantfs::store::layout::pipelined_files() - pipelined;
+        assert!(files >= 8, "only {files} files went through the pipeline");
     }
     let tenant = tenants::open(&t.data, host, "p").unwrap();
     for (k, v) in &values {

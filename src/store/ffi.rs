@@ -35,6 +35,7 @@ extern "C" {
     fn tenantfs_env_rep(env: *const librocksdb_sys::rocksdb_env_t) -> *const c_void;
     fn tenantfs_env_wrapper_size() -> usize;
     fn tenantfs_prefix_length() -> usize;
+    fn tenantfs_pipelined_files() -> u64;
     fn tenantfs_lru_cache_new(
         capacity: usize,
         num_shard_bits: i32,
@@ -542,6 +543,12 @@ pub(crate) fn shim_layout() -> ShimLayout {
             prefix_length: tenantfs_prefix_length(),
         }
     }
+}
+
+/// Files written through `pipelined_writes.cc` since the process started (for tests).
+pub(crate) fn pipelined_files() -> u64 {
+    // SAFETY: reads an atomic counter.
+    unsafe { tenantfs_pipelined_files() }
 }
 
 /// The `Env*` inside an env wrapper (for the layout test).

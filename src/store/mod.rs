@@ -123,6 +123,10 @@ pub mod layout {
     pub fn prefix_length() -> usize {
         super::ffi::shim_layout().prefix_length
     }
+    /// Files the shim wrote through its pipelined direct writes since the process started.
+    pub fn pipelined_files() -> u64 {
+        super::ffi::pipelined_files()
+    }
     /// Builds an encrypted Env and returns it with the `Env*` the shim says it holds.
     pub fn encrypted_env_and_rep() -> (rocksdb::Env, *const std::ffi::c_void) {
         let env =

@@ -1,5 +1,9 @@
 // Encrypted direct writes that overlap the disk with the writer.
 //
+// Used only for files that RocksDB opens with the contract that nothing reads, reopens or
+// truncates them while they are open for write (FileOpenContract: flush and compaction
+// outputs); other files are written as RocksDB's EncryptedFileSystem writes them.
+//
 // Why: a memtable flush writes its blob file (the file data of 64 MiB of writes) in 1 MiB
 // aligned pieces, and RocksDB's EncryptedWritableFile encrypts each piece into a fresh buffer
 // and then waits for its O_DIRECT write before the flush may build the next one: the flush
@@ -15,6 +19,7 @@
 
 #include "pipelined_writes.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +44,9 @@ using ROCKSDB_NAMESPACE::Slice;
 
 namespace tenantfs {
 namespace {
+
+// Files written through the pipeline since the process started (for tests).
+std::atomic<uint64_t> pipelined_files{0};
 
 // Pieces handed over and not yet written, per file: the one on the disk and two more. With
 // 1 MiB pieces (RocksDB's writable_file_max_buffer_size) a file holds at most 3 MiB.
@@ -291,7 +299,16 @@ class PipelinedWriteFs final : public FileSystemWrapper {
   IOStatus NewWritableFile(const std::string& fname, const FileOptions& options,
                            std::unique_ptr<FSWritableFile>* result,
                            IODebugContext* dbg) override {
-    if (!options.use_direct_writes || options.use_mmap_writes) {
+    // Only files RocksDB promises not to read, reopen or truncate while they are open for
+    // write (flush and compaction outputs, blob files built by them, SST file writers):
+    // a piece handed to the writer thread is not yet in the file. Anything else (WAL,
+    // MANIFEST, blob direct-write files, which RocksDB reads while writing) goes to
+    // `encrypted` as before.
+    using ROCKSDB_NAMESPACE::FileOpenContract;
+    const auto contract =
+        FileOpenContract::kNoReopenForWrite | FileOpenContract::kNoReadersWhileOpenForWrite;
+    if (!options.use_direct_writes || options.use_mmap_writes ||
+        !ROCKSDB_NAMESPACE::HasFileOpenContract(options.open_contract, contract)) {
       return target()->NewWritableFile(fname, options, result, dbg);
     }
     std::unique_ptr<FSWritableFile> file;
@@ -327,6 +344,7 @@ class PipelinedWriteFs final : public FileSystemWrapper {
       return io;
     }
     result->reset(new PipelinedEncryptedFile(std::move(file), std::move(stream), length));
+    pipelined_files.fetch_add(1, std::memory_order_relaxed);
     return IOStatus::OK();
   }
 
@@ -345,3 +363,7 @@ std::shared_ptr<FileSystem> NewPipelinedWriteFs(std::shared_ptr<FileSystem> encr
 }
 
 }  // namespace tenantfs
+
+extern "C" uint64_t tenantfs_pipelined_files() {
+  return tenantfs::pipelined_files.load(std::memory_order_relaxed);
+}
