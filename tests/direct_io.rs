@@ -130,6 +130,20 @@ fn fill(dir: &Path) {
     }
 }
 
+/// Deletes the file `fill` made and waits (up to 10 s) until the store takes writes again.
+fn free_filler_and_resume(fs: &Path, db: &tenantfs::store::TenantDb) {
+    std::fs::remove_file(fs.join("filler")).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !db.try_resume() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never resumed: {:?}",
+            db.state()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// On a full filesystem the probe still finds O_DIRECT (the write probe has no room; an aligned
 /// read of a store file answers instead), and opening or creating a store (RocksDB writes a new
 /// WAL and MANIFEST at open) fails with a clear "no space" error: a full disk is never a reason
@@ -189,16 +203,7 @@ fn a_full_disk_stops_a_store_until_it_is_resumed() {
         panic!("{:?}", db.state())
     };
     assert!(needs_free_bytes >= 2 << 20, "{needs_free_bytes}");
-    std::fs::remove_file(fs.join("filler")).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while !db.try_resume() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never resumed: {:?}",
-            db.state()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    free_filler_and_resume(&fs, db);
     assert_eq!(db.state(), StoreState::Writable);
     db.put(Family::Meta, b"third", b"3").unwrap();
     db.flush().unwrap();
@@ -330,16 +335,7 @@ fn a_full_disk_during_a_blob_flush_loses_nothing() {
                 db.state()
             )
         };
-        std::fs::remove_file(fs.join("filler")).unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while !db.try_resume() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "never resumed: {:?}",
-                db.state()
-            );
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        free_filler_and_resume(&fs, db);
         db.flush().unwrap();
         check(db);
     }
