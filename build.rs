@@ -14,6 +14,7 @@ fn main() {
         .cpp(true)
         .file("src/store/shim.cc")
         .file("src/store/pipelined_writes.cc")
+        .file("src/store/extent_files.cc")
         .include(&include)
         .include(rocksdb_src.join("rocksdb"))
         .flag("-std=c++20")
@@ -26,5 +27,6 @@ fn main() {
     println!("cargo:rerun-if-changed=src/store/shim.cc");
     println!("cargo:rerun-if-changed=src/store/pipelined_writes.cc");
     println!("cargo:rerun-if-changed=src/store/pipelined_writes.h");
+    println!("cargo:rerun-if-changed=src/store/extent_files.cc");
     println!("cargo:rerun-if-changed=build.rs");
 }

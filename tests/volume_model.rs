@@ -1789,7 +1789,7 @@ fn a_store_of_the_old_data_format_is_refused() {
     for part in [
         "tenant old",
         "data format 1",
-        "reads formats 2 and 3",
+        "reads formats 2 to 4",
         "copy the files out",
     ] {
         assert!(msg.contains(part), "{part:?} not in {msg:?}");
@@ -1966,21 +1966,27 @@ fn a_store_of_format_2_is_migrated_and_a_newer_one_refused() {
     let vol = open_volume(&t, "two");
     assert!(vol.read(a.ino, 0, 1 << 20).unwrap() == data);
     drop(vol);
-    assert_eq!(format(), 3, "the version was not moved on");
-    set_format(4);
+    assert_eq!(format(), 4, "the version was not moved on");
+    // Format 3 (no extent files) reads as it is, too.
+    set_format(3);
+    let vol = open_volume(&t, "two");
+    assert!(vol.read(a.ino, 0, 1 << 20).unwrap() == data);
+    drop(vol);
+    assert_eq!(format(), 4, "the version was not moved on from 3");
+    set_format(5);
     let err = Volume::open(tenants::open(&t.data, &t.host, "two").unwrap())
         .err()
         .expect("a newer-format store opened");
     let msg = err.to_string();
     for part in [
         "tenant two",
-        "data format 4",
+        "data format 5",
         "newer tenantfs",
-        "reads formats 2 and 3",
+        "reads formats 2 to 4",
     ] {
         assert!(msg.contains(part), "{part:?} not in {msg:?}");
     }
-    assert_eq!(format(), 4, "a refused store was changed");
+    assert_eq!(format(), 5, "a refused store was changed");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -2001,10 +2007,16 @@ fn gc_file(vol: &Volume, name: &str) -> u64 {
     }
 }
 
+/// Writes `data` into file `name` in 128 KiB writes: whole chunks, but below the bulk size,
+/// so they are blob values (bulk writes go to extent files, collected apart).
 fn gc_write(vol: &Volume, name: &str, data: &[u8]) {
+    write_in(vol, name, data, 128 << 10);
+}
+
+fn write_in(vol: &Volume, name: &str, data: &[u8], piece: usize) {
     let ino = gc_file(vol, name);
-    for (i, chunk) in data.chunks(1 << 20).enumerate() {
-        vol.write(ino, (i << 20) as u64, chunk).unwrap();
+    for (i, chunk) in data.chunks(piece).enumerate() {
+        vol.write(ino, (i * piece) as u64, chunk).unwrap();
     }
 }
 
@@ -2218,7 +2230,8 @@ fn kill9_after_folds_loses_nothing_synced() {
     let mut model = noise(11, FOLD_FILE);
     {
         let vol = open_volume(&t, "fold");
-        gc_write(&vol, "f", &model);
+        // Bulk writes: the chunks are in extent files, and the folds read them from there.
+        write_in(&vol, "f", &model, 1 << 20);
         vol.fsync().unwrap();
         assert_eq!(
             extent_keys(&vol),
@@ -2288,4 +2301,129 @@ fn kill9_after_folds_loses_nothing_synced() {
         gc_read(&vol, "f", FOLD_FILE) == model,
         "the second fold changed bytes"
     );
+}
+
+const EXTENT_CHILD_ENV: &str = "TENANTFS_TEST_EXTENT_CHILD";
+const EXTENT_FILE: usize = 16 << 20;
+
+/// Round `round`'s bytes of piece `nth` (1 MiB) of the extent test's file.
+fn extent_piece(round: u64, nth: usize) -> Vec<u8> {
+    noise(round * 1000 + nth as u64, 1 << 20)
+}
+
+/// The child: rewrites the file in 1 MiB writes (bulk: into extent files), round after round,
+/// fsyncing after each round and announcing it, until killed.
+fn extent_child(root: &str) {
+    let data = tenantfs::data_dir::DataDir::open(std::path::Path::new(root), None).unwrap();
+    let host = tenantfs::store::StoreHost::builder()
+        .block_cache_bytes(64 << 20)
+        .build();
+    let vol = Volume::open(tenants::open(&data, &host, "ext").unwrap()).unwrap();
+    let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
+    let first: u64 = std::env::var("TENANTFS_TEST_EXTENT_ROUND")
+        .unwrap()
+        .parse()
+        .unwrap();
+    for round in first.. {
+        for nth in 0..EXTENT_FILE >> 20 {
+            vol.write(ino, (nth << 20) as u64, &extent_piece(round, nth))
+                .unwrap();
+        }
+        vol.fsync().unwrap();
+        // (The parent stops reading after the first: later lines may find no reader.)
+        let _ = std::io::Write::write_all(
+            &mut std::io::stdout(),
+            format!("SYNCED {round}\n").as_bytes(),
+        );
+    }
+}
+
+/// Bulk writes go to extent files and their chunk values skip the WAL: killed mid-round (at
+/// three points), the store reopens with every piece of the file either the last synced
+/// round's bytes or the next round's, never anything else (no value naming bytes that were
+/// not written, no lost synced piece).
+#[test]
+fn kill9_during_extent_file_writes_loses_nothing_synced() {
+    if let Ok(root) = std::env::var(EXTENT_CHILD_ENV) {
+        extent_child(&root);
+        return;
+    }
+    let t = TestHost::new(DirectIo::Auto);
+    let pieces = EXTENT_FILE >> 20;
+    {
+        let vol = open_volume(&t, "ext");
+        let ino = gc_file(&vol, "f");
+        for nth in 0..pieces {
+            vol.write(ino, (nth << 20) as u64, &extent_piece(1, nth))
+                .unwrap();
+        }
+        vol.fsync().unwrap();
+        assert!(
+            vol.tenant().db().extent_file_stats().bytes >= EXTENT_FILE as u64,
+            "bulk writes not in extent files: {:?}",
+            vol.tenant().db().extent_file_stats()
+        );
+    }
+    let mut synced = 1;
+    for (kill, wait_ms) in [(0, 5u64), (1, 40), (2, 120)] {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "kill9_during_extent_file_writes_loses_nothing_synced",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(EXTENT_CHILD_ENV, t.root.display().to_string())
+            .env("TENANTFS_TEST_EXTENT_ROUND", (synced + 1).to_string())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut note = |line: &str| {
+            if let Some((_, n)) = line.split_once("SYNCED ") {
+                synced = n.parse::<u64>().unwrap();
+                true
+            } else {
+                false
+            }
+        };
+        for line in lines.by_ref().map_while(Result::ok) {
+            if note(&line) {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        // The rounds it synced before the kill (their lines wait in the pipe).
+        for line in lines.map_while(Result::ok) {
+            note(&line);
+        }
+        let vol = open_volume(&t, "ext");
+        let back = gc_read(&vol, "f", EXTENT_FILE);
+        let mut newer = 0;
+        for (nth, piece) in back.chunks(1 << 20).enumerate() {
+            if piece == extent_piece(synced + 1, nth).as_slice() {
+                newer += 1;
+            } else {
+                assert!(
+                    piece == extent_piece(synced, nth).as_slice(),
+                    "kill {kill}: piece {nth} is neither round {synced} (synced) nor the next"
+                );
+            }
+        }
+        println!("kill {kill}: round {synced} synced, {newer} pieces of the next kept");
+        // The next child starts from what is on disk: all of one round again.
+        let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
+        for nth in 0..pieces {
+            vol.write(ino, (nth << 20) as u64, &extent_piece(synced, nth))
+                .unwrap();
+        }
+        vol.fsync().unwrap();
+    }
 }

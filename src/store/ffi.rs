@@ -383,9 +383,9 @@ extern "C" fn tenantfs_store_stopped(
         )
     };
     // No panic may leave an extern "C" function: it would abort the process.
-    let _ = std::panic::catch_unwind(|| {
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         health.stopped(no_space != 0, &String::from_utf8_lossy(detail));
-    });
+    }));
 }
 
 #[no_mangle]
@@ -395,7 +395,18 @@ extern "C" fn tenantfs_store_resumed(health: *const c_void) {
     }
     // SAFETY: as in `tenantfs_store_stopped`: the listener's own count keeps it alive.
     let health = unsafe { &*health.cast::<StoreHealth>() };
-    let _ = std::panic::catch_unwind(|| health.resumed());
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| health.resumed()));
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_store_flush_begins(health: *const c_void) {
+    if health.is_null() {
+        return;
+    }
+    // SAFETY: as in `tenantfs_store_stopped`: the listener's own count keeps it alive.
+    let health = unsafe { &*health.cast::<StoreHealth>() };
+    // (A panic in the barrier leaves nothing half-changed that the store reads: unwind-safe.)
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| health.flush_begins()));
 }
 
 #[no_mangle]
@@ -471,15 +482,17 @@ pub(crate) fn set_blob_cache(opts: &mut rocksdb::Options, cache: &SlabLruCache) 
     unsafe { sys::rocksdb_options_set_blob_cache(opts.as_raw_ptr(), cache.raw()) }
 }
 
-/// Walks the keys of `cf` in `[start, end)` without reading their values: the iterator is
-/// made with `allow_unprepared_value`, so a blob value is never fetched (rust-rocksdb's
-/// ReadOptions cannot set it).
-pub(crate) fn scan_keys(
+/// Walks the keys of `cf` in `[start, end)` without reading values from blob files: the
+/// iterator is made with `allow_unprepared_value`, so a blob value is never fetched
+/// (rust-rocksdb's ReadOptions cannot set it). With `with_values`, `f` also gets each value
+/// stored inline (`None` for one in a blob file).
+pub(crate) fn scan(
     db: &rocksdb::DB,
     cf: &rocksdb::ColumnFamily,
     start: &[u8],
     end: &[u8],
-    mut f: impl FnMut(&[u8]) -> bool,
+    with_values: bool,
+    mut f: impl FnMut(&[u8], Option<&[u8]>) -> bool,
 ) -> Result<(), String> {
     use rocksdb::AsColumnFamilyRef;
     struct Guard {
@@ -500,7 +513,7 @@ pub(crate) fn scan_keys(
     }
     // SAFETY: the options and iterator are used only in this function and freed by `Guard`;
     // `end` outlives both (the C API keeps a pointer to the upper bound's bytes, not a copy);
-    // `db` and `cf` are open for the call; key slices are copied out before the next step.
+    // `db` and `cf` are open for the call; key and value slices are used before the next step.
     unsafe {
         let mut g = Guard {
             opts: sys::rocksdb_readoptions_create(),
@@ -513,7 +526,17 @@ pub(crate) fn scan_keys(
         while sys::rocksdb_iter_valid(g.iter) != 0 {
             let mut len = 0usize;
             let k = sys::rocksdb_iter_key(g.iter, &mut len);
-            if !f(std::slice::from_raw_parts(k.cast::<u8>(), len)) {
+            let k = std::slice::from_raw_parts(k.cast::<u8>(), len);
+            // With unprepared values, a value in a blob file reads as empty until prepared;
+            // inline values are there at once (RocksDB's DBIter), and no stored value is empty.
+            let mut vlen = 0usize;
+            let v = if with_values {
+                let v = sys::rocksdb_iter_value(g.iter, &mut vlen);
+                Some(std::slice::from_raw_parts(v.cast::<u8>(), vlen)).filter(|v| !v.is_empty())
+            } else {
+                None
+            };
+            if !f(k, v) {
                 break;
             }
             sys::rocksdb_iter_next(g.iter);

@@ -56,6 +56,18 @@ pub struct StoreHealth {
     /// Fast check for the write path: the store stopped for lack of space.
     no_space: AtomicBool,
     inner: Mutex<Inner>,
+    /// What must be durable before any memtable is flushed (the extent files that the
+    /// memtables' values name), run by the listener as each flush begins.
+    flush_barrier: std::sync::OnceLock<FlushBarrier>,
+}
+
+/// See [`StoreHealth::set_flush_barrier`].
+struct FlushBarrier(Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for FlushBarrier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FlushBarrier")
+    }
 }
 
 #[derive(Debug)]
@@ -79,6 +91,19 @@ impl StoreHealth {
                 state: StoreState::Writable,
                 last_attempt: None,
             }),
+            flush_barrier: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Sets what runs before each memtable flush (once; later calls are ignored).
+    pub(crate) fn set_flush_barrier(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.flush_barrier.set(FlushBarrier(Box::new(f)));
+    }
+
+    /// A memtable flush is about to write: runs the flush barrier.
+    pub(crate) fn flush_begins(&self) {
+        if let Some(FlushBarrier(f)) = self.flush_barrier.get() {
+            f();
         }
     }
 

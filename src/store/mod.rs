@@ -8,6 +8,8 @@
 
 mod block_cache;
 pub mod direct_io;
+mod extent_io;
+mod extents;
 mod ffi;
 mod file_key;
 mod health;
@@ -17,6 +19,7 @@ mod tenant_db;
 use std::path::{Path, PathBuf};
 
 pub use block_cache::{RocksBlockCache, RocksBlockCacheStats};
+pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan, ROLL_BYTES as EXTENT_FILE_ROLL_BYTES};
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
 pub use tenant_db::{Batch, BlobSpace, Encryption, Entry, Family, OpenMode, TenantDb};

@@ -51,6 +51,10 @@ std::atomic<uint64_t> pipelined_files{0};
 // Pieces handed over and not yet written, per file: the one on the disk and two more. With
 // 1 MiB pieces (RocksDB's writable_file_max_buffer_size) a file holds at most 3 MiB.
 constexpr size_t kDepth = 3;
+// Extent files (`.ext`, see extent_files.cc) are written from a FUSE request that returns once
+// its bytes are handed over: 8 pieces of 1 MiB let the disk take one request while the next
+// ones are encrypted.
+constexpr size_t kExtentDepth = 8;
 
 // An aligned buffer owned by one file.
 struct Buffer {
@@ -73,10 +77,11 @@ class PipelinedEncryptedFile final : public FSWritableFile {
  public:
   PipelinedEncryptedFile(std::unique_ptr<FSWritableFile> file,
                          std::unique_ptr<BlockAccessCipherStream> stream,
-                         size_t prefix_length)
+                         size_t prefix_length, size_t depth)
       : file_(std::move(file)),
         stream_(std::move(stream)),
         prefix_(prefix_length),
+        depth_(depth),
         alignment_(std::max<size_t>(file_->GetRequiredBufferAlignment(), 4096)) {}
 
   ~PipelinedEncryptedFile() override {
@@ -102,7 +107,7 @@ class PipelinedEncryptedFile final : public FSWritableFile {
     Buffer buf;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return queue_.size() < kDepth; });
+      cv_.wait(lock, [&] { return queue_.size() < depth_; });
       if (!error_.ok()) {
         return error_;
       }
@@ -276,6 +281,7 @@ class PipelinedEncryptedFile final : public FSWritableFile {
   std::unique_ptr<FSWritableFile> file_;
   std::unique_ptr<BlockAccessCipherStream> stream_;
   const size_t prefix_;
+  const size_t depth_;
   const size_t alignment_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -316,6 +322,36 @@ class PipelinedWriteFs final : public FileSystemWrapper {
     if (!s.ok()) {
       return s;
     }
+    return Wrap(fname, options, std::move(file), result, dbg);
+  }
+
+  // `old_fname` renamed to `fname` and written from its start (its old bytes are not
+  // truncated away, so the file system frees and discards nothing): what extent files
+  // recycle (extent_files.cc). Pipelined on the same terms as a new file.
+  IOStatus ReuseWritableFile(const std::string& fname, const std::string& old_fname,
+                             const FileOptions& options,
+                             std::unique_ptr<FSWritableFile>* result,
+                             IODebugContext* dbg) override {
+    using ROCKSDB_NAMESPACE::FileOpenContract;
+    const auto contract =
+        FileOpenContract::kNoReopenForWrite | FileOpenContract::kNoReadersWhileOpenForWrite;
+    if (!options.use_direct_writes || options.use_mmap_writes ||
+        !ROCKSDB_NAMESPACE::HasFileOpenContract(options.open_contract, contract)) {
+      return target()->ReuseWritableFile(fname, old_fname, options, result, dbg);
+    }
+    std::unique_ptr<FSWritableFile> file;
+    IOStatus s = base_->ReuseWritableFile(fname, old_fname, options, &file, dbg);
+    if (!s.ok()) {
+      return s;
+    }
+    return Wrap(fname, options, std::move(file), result, dbg);
+  }
+
+ private:
+  // Writes the prefix into `file` (opened by `base_`) and puts the pipeline over it.
+  IOStatus Wrap(const std::string& fname, const FileOptions& options,
+                std::unique_ptr<FSWritableFile> file, std::unique_ptr<FSWritableFile>* result,
+                IODebugContext* dbg) {
     // The prefix, as EncryptedFileSystem writes it: made by the provider, the file's first
     // bytes, in plaintext (it holds the file's key sealed under the tenant key).
     size_t length = provider_->GetPrefixLength();
@@ -343,12 +379,13 @@ class PipelinedWriteFs final : public FileSystemWrapper {
     if (!io.ok()) {
       return io;
     }
-    result->reset(new PipelinedEncryptedFile(std::move(file), std::move(stream), length));
+    bool extent = fname.size() > 4 && fname.compare(fname.size() - 4, 4, ".ext") == 0;
+    result->reset(new PipelinedEncryptedFile(std::move(file), std::move(stream), length,
+                                             extent ? kExtentDepth : kDepth));
     pipelined_files.fetch_add(1, std::memory_order_relaxed);
     return IOStatus::OK();
   }
 
- private:
   std::shared_ptr<FileSystem> base_;
   std::shared_ptr<EncryptionProvider> provider_;
 };

@@ -66,6 +66,7 @@ void tenantfs_slabs_release(const void* slabs);
 void tenantfs_store_stopped(const void* health, int no_space, const char* detail,
                             size_t len);
 void tenantfs_store_resumed(const void* health);
+void tenantfs_store_flush_begins(const void* health);
 void tenantfs_health_release(const void* health);
 }
 
@@ -265,6 +266,12 @@ class HealthListener final : public EventListener {
                      error->severity() == Status::Severity::kHardError;
       tenantfs_store_stopped(health_, no_space, detail.data(), detail.size());
     }
+  }
+
+  // Before a flush writes a memtable out: the extent files its values name are made durable
+  // first (src/store/extents.rs), so no durable value names bytes that are not.
+  void OnFlushBegin(DB*, const ROCKSDB_NAMESPACE::FlushJobInfo&) override {
+    tenantfs_store_flush_begins(health_);
   }
 
   void OnErrorRecoveryBegin(BackgroundErrorReason, Status error,

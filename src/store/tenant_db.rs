@@ -10,6 +10,8 @@ use std::sync::Arc;
 
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 
+use super::extent_io::EnvPtr;
+use super::extents::{ExtentFileStats, ExtentFiles, ExtentSpan};
 use super::health::{StoreHealth, StoreState};
 use super::host::StoreHost;
 use super::StoreError;
@@ -78,6 +80,19 @@ pub struct TenantDb {
     health: Arc<StoreHealth>,
     /// A write skipped the WAL since the last sync (see [`TenantDb::write_unlogged`]).
     unlogged: AtomicBool,
+    /// Bulk data beside the store (declared before `env`: it is dropped first).
+    extents: Arc<ExtentFiles>,
+    /// The encrypted Env the store and its extent files use (none for plaintext benchmarks).
+    _env: Option<rocksdb::Env>,
+}
+
+impl Drop for TenantDb {
+    fn drop(&mut self) {
+        // Before the store closes (and flushes what skipped the WAL): the bytes its values name.
+        if let Err(e) = self.extents.close() {
+            tracing::error!(error = %e, "cannot sync extent files at close");
+        }
+    }
 }
 
 /// What a store's blob files hold ([`TenantDb::blob_space`]).
@@ -110,13 +125,32 @@ impl TenantDb {
             .use_direct_io(path)
             .map_err(|source| StoreError::io(tenant, path, source))?;
         let mut opts = host.options(direct_io);
-        if let Encryption::Tenant(key) = encryption {
-            let env = super::ffi::encrypted_env(key).ok_or_else(|| StoreError::Env {
-                tenant: tenant.to_owned(),
-            })?;
-            opts.set_env(&env);
-        }
+        let env = match encryption {
+            Encryption::Tenant(key) => {
+                let env = super::ffi::encrypted_env(key).ok_or_else(|| StoreError::Env {
+                    tenant: tenant.to_owned(),
+                })?;
+                opts.set_env(&env);
+                Some(env)
+            }
+            Encryption::PlaintextForBenchmarks => None,
+        };
+        let extents = Arc::new(ExtentFiles::open(
+            tenant,
+            path.join("extents"),
+            EnvPtr::of(env.as_ref()),
+            direct_io,
+            host.block_cache().clone(),
+        )?);
         let health = Arc::new(StoreHealth::new(tenant));
+        let barrier = Arc::downgrade(&extents);
+        health.set_flush_barrier(move || {
+            if let Some(extents) = barrier.upgrade() {
+                if let Err(e) = extents.sync() {
+                    tracing::error!(error = %e, "cannot sync extent files before a flush");
+                }
+            }
+        });
         super::ffi::add_health_listener(&mut opts, health.clone());
         opts.create_if_missing(mode == OpenMode::Create);
         opts.create_missing_column_families(mode == OpenMode::Create);
@@ -147,6 +181,8 @@ impl TenantDb {
             direct_io,
             health,
             unlogged: AtomicBool::new(false),
+            extents,
+            _env: env,
         })
     }
 
@@ -278,7 +314,8 @@ impl TenantDb {
         end: &[u8],
         f: impl FnMut(&[u8]) -> bool,
     ) -> Result<(), StoreError> {
-        super::ffi::scan_keys(&self.db, self.cf(family), start, end, f)
+        let mut f = f;
+        super::ffi::scan(&self.db, self.cf(family), start, end, false, |k, _| f(k))
             .map_err(|detail| StoreError::from_detail(&self.tenant, "read", detail))
     }
 
@@ -355,7 +392,7 @@ impl TenantDb {
     }
 
     pub fn write(&self, batch: Batch<'_>) -> Result<(), StoreError> {
-        self.resume_if_stopped();
+        self.resume_if_stopped()?;
         self.db
             .write(batch.inner)
             .map_err(|e| self.write_error("write", e))
@@ -384,7 +421,7 @@ impl TenantDb {
     }
 
     fn write_without_wal(&self, batch: Batch<'_>) -> Result<(), StoreError> {
-        self.resume_if_stopped();
+        self.resume_if_stopped()?;
         let mut opts = rocksdb::WriteOptions::default();
         opts.disable_wal(true);
         self.db
@@ -395,16 +432,52 @@ impl TenantDb {
     /// Makes every write so far durable: syncs the WAL, after flushing the memtables if a
     /// write skipped the WAL since the last sync.
     pub fn sync(&self) -> Result<(), StoreError> {
-        self.resume_if_stopped();
+        self.resume_if_stopped()?;
         if self.unlogged.swap(false, Ordering::AcqRel) {
             if let Err(e) = self.flush() {
                 self.unlogged.store(true, Ordering::Release);
                 return Err(e);
             }
         }
+        // Spans before the WAL that names them (see `extents`).
+        self.extents.sync()?;
         self.db
             .flush_wal(true)
             .map_err(|e| self.write_error("sync", e))
+    }
+
+    /// Hands bulk bytes to the store's extent files (see [`ExtentFiles::append`]); a full disk
+    /// makes the store read-only until there is room again, as a failed write does.
+    pub fn write_extents(&self, data: &[u8], piece: usize) -> Result<Vec<ExtentSpan>, StoreError> {
+        self.resume_if_stopped()?;
+        self.extents.append(data, piece).inspect_err(|e| {
+            if let StoreError::NoSpace { detail, .. } = e {
+                self.health.stopped(true, detail);
+            }
+        })
+    }
+
+    /// This store's extent files: bulk data written beside RocksDB (see `extents`).
+    pub fn extent_files(&self) -> &ExtentFiles {
+        &self.extents
+    }
+
+    pub fn extent_file_stats(&self) -> ExtentFileStats {
+        self.extents.stats()
+    }
+
+    /// Calls `f` with each entry of `family` with `start <= key < end` in key order, until
+    /// `f` returns false, with the value if it is stored inline in an SST or memtable (`None`
+    /// for a value in a blob file, which is not read).
+    pub fn inline_values(
+        &self,
+        family: Family,
+        start: &[u8],
+        end: &[u8],
+        f: impl FnMut(&[u8], Option<&[u8]>) -> bool,
+    ) -> Result<(), StoreError> {
+        super::ffi::scan(&self.db, self.cf(family), start, end, true, f)
+            .map_err(|detail| StoreError::from_detail(&self.tenant, "read", detail))
     }
 
     /// A failed write's error; a full disk also marks the store (the listener may not have:
@@ -417,10 +490,17 @@ impl TenantDb {
         err
     }
 
-    fn resume_if_stopped(&self) {
-        if self.health.is_no_space() {
-            self.try_resume();
+    /// A store stopped for lack of space takes writes again once there is room; until then
+    /// every write and sync is refused (extent files fail their own writes with ENOSPC while
+    /// RocksDB may still take a small one).
+    fn resume_if_stopped(&self) -> Result<(), StoreError> {
+        if self.health.is_no_space() && !self.try_resume() {
+            return Err(StoreError::NoSpace {
+                tenant: self.tenant.clone(),
+                detail: "the store is read-only until its filesystem has room again".into(),
+            });
         }
+        Ok(())
     }
 
     /// Whether the store takes writes: writable, read-only for lack of space, or failed.

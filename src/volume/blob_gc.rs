@@ -18,19 +18,34 @@
 //! Measured after 20 s of 4 KiB random writes over a 1 GiB file and their folds: 2.9 GB of
 //! blob files, 1.6 GB of them garbage, collected in 5 s to 1.1 GB. A collection is a full
 //! compaction of the file data's keys: reads meanwhile share the disk and the CPU with it.
+//!
+//! Extent files (format 4, `store::extents`) are collected on the same thread: after each
+//! extent file is closed, the next poke walks the chunk values that name extent files (inline
+//! values only: no blob is read; 16k per GiB of file data), and deletes the closed files none
+//! names once they hold 1 GiB ([`EXTENT_GARBAGE_FACTOR`]), after a flush has made the values
+//! that replaced them durable (so that no value naming a deleted file comes back after a
+//! crash). A file overwritten whole, the streaming case, goes without any copying. Files
+//! still partly named keep their garbage: moving their live chunks is not built yet.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::store::BlobSpace;
+use super::codec::{decode_chunk, decode_extent_key, Chunk, ExtentKey};
+use crate::store::{BlobSpace, ExtentFileStats, Family, StoreError};
 use crate::tenants::Tenant;
 
 /// How often a busy volume looks at its garbage (two property reads).
 pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(10);
 /// Garbage below this is left alone, whatever its share.
 pub(crate) const MIN_GARBAGE: u64 = 256 << 20;
+/// Unnamed extent files are deleted once they hold this many times [`MIN_GARBAGE`] (1 GiB):
+/// each collection flushes the memtables and frees whole files, which stalls a streaming
+/// writer for a few milliseconds; measured on a 20 s overwrite of a 1 GiB file, collecting
+/// after every closed file took the write p99 from 1.5 ms to 8.8 ms.
+const EXTENT_GARBAGE_FACTOR: u64 = 4;
 
 /// One volume's collector.
 pub(crate) struct BlobGc {
@@ -43,6 +58,8 @@ pub(crate) struct BlobGc {
     started: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
     policy: Mutex<(Duration, u64)>,
+    /// Extent files closed as of the last extent collection started.
+    extent_files_seen: AtomicU64,
 }
 
 impl Default for BlobGc {
@@ -55,6 +72,7 @@ impl Default for BlobGc {
             started: AtomicU64::new(0),
             worker: Mutex::new(None),
             policy: Mutex::new((CHECK_EVERY, MIN_GARBAGE)),
+            extent_files_seen: AtomicU64::new(0),
         }
     }
 }
@@ -71,6 +89,26 @@ impl BlobGc {
     /// Looks at `tenant`'s garbage if a look is due, and starts a collection if it warrants
     /// one and none runs. Cheap when no look is due (one atomic load).
     pub(crate) fn poke(&self, tenant: &Arc<Tenant>) {
+        let rolled = tenant.db().extent_files().rolled();
+        if rolled > self.extent_files_seen.load(Ordering::Relaxed)
+            && !self.running.load(Ordering::Acquire)
+        {
+            self.extent_files_seen.store(rolled, Ordering::Relaxed);
+            let min_garbage =
+                EXTENT_GARBAGE_FACTOR * self.policy.lock().unwrap_or_else(|p| p.into_inner()).1;
+            self.start_worker(
+                tenant,
+                "tenantfs-extent-gc",
+                move |t| match collect_extent_files(t, min_garbage) {
+                    Ok(gone) if gone.files > 0 => tracing::info!(tenant = %t.info().name,
+                        files = gone.files, bytes = gone.bytes, "deleted unused extent files"),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(tenant = %t.info().name, error = %e,
+                        "extent file collection failed"),
+                },
+            );
+            return;
+        }
         let now_ms = self.start.elapsed().as_millis() as u64;
         let due = self.next_check_ms.load(Ordering::Relaxed);
         if now_ms < due || self.running.load(Ordering::Acquire) {
@@ -89,6 +127,23 @@ impl BlobGc {
         if !warranted(space, min_garbage) {
             return;
         }
+        self.start_worker(tenant, "tenantfs-blob-gc", move |t| {
+            tracing::info!(tenant = %t.info().name, bytes = space.bytes,
+                garbage = space.garbage, "collecting blob garbage");
+            t.db().collect_blob_garbage();
+            let after = t.db().blob_space();
+            tracing::info!(tenant = %t.info().name, bytes = after.bytes,
+                garbage = after.garbage, "blob garbage collected");
+        });
+    }
+
+    /// Runs `job` on a thread of its own unless one runs (or the volume is closing).
+    fn start_worker(
+        &self,
+        tenant: &Arc<Tenant>,
+        name: &str,
+        job: impl FnOnce(&Tenant) + Send + 'static,
+    ) {
         let mut worker = self.worker.lock().unwrap_or_else(|p| p.into_inner());
         if self.closed.load(Ordering::Acquire) || self.running.swap(true, Ordering::AcqRel) {
             return;
@@ -99,14 +154,9 @@ impl BlobGc {
         let running = Arc::clone(&self.running);
         let t = Arc::clone(tenant);
         let spawned = std::thread::Builder::new()
-            .name("tenantfs-blob-gc".into())
+            .name(name.into())
             .spawn(move || {
-                tracing::info!(tenant = %t.info().name, bytes = space.bytes,
-                    garbage = space.garbage, "collecting blob garbage");
-                t.db().collect_blob_garbage();
-                let after = t.db().blob_space();
-                tracing::info!(tenant = %t.info().name, bytes = after.bytes,
-                    garbage = after.garbage, "blob garbage collected");
+                job(&t);
                 running.store(false, Ordering::Release);
             });
         match spawned {
@@ -115,7 +165,7 @@ impl BlobGc {
                 *worker = Some(handle);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot start blob garbage collection");
+                tracing::warn!(error = %e, "cannot start garbage collection");
                 self.running.store(false, Ordering::Release);
             }
         }
@@ -145,9 +195,34 @@ impl BlobGc {
     }
 }
 
+/// Deletes the extent files of `tenant` that no chunk value names (see the module's doc).
+pub(crate) fn collect_extent_files(
+    tenant: &Tenant,
+    min_garbage: u64,
+) -> Result<ExtentFileStats, StoreError> {
+    let db = tenant.db();
+    let files = db.extent_files();
+    let horizon = files.horizon();
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    db.inline_values(Family::Extents, &[], &[0xff; 17], |k, v| {
+        if let (Some(ExtentKey::Chunk(_)), Some(Chunk::Stored(span))) =
+            (decode_extent_key(k), v.and_then(decode_chunk))
+        {
+            *live.entry(span.file).or_default() += u64::from(span.len);
+        }
+        true
+    })?;
+    if files.unnamed_before(horizon, &live)? < min_garbage {
+        return Ok(ExtentFileStats::default());
+    }
+    // What made them unnamed (overwrites, deletes, folds) may still be in a memtable only.
+    db.flush()?;
+    files.collect(horizon, &live)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::{FileKind, Owner, TestStore, ROOT_INO};
+    use super::super::{FileKind, Owner, TestStore, ROOT_INO, UNLOGGED_WRITE_MIN};
     use super::*;
 
     #[test]
@@ -177,10 +252,14 @@ mod tests {
         let (a, b) = (mk(b"a"), mk(b"b"));
         let len = 8 << 20;
         let model: Vec<u8> = (0..len).map(|i| (i % 251 + 1) as u8).collect();
-        for at in (0..len).step_by(1 << 20) {
-            vol.write(a, at as u64, &model[at..at + (1 << 20)]).unwrap();
-            vol.write(b, at as u64, &[0x5a; 1 << 20]).unwrap();
+        // Writes below the bulk size: their chunks are blob values (bulk ones go to extent
+        // files, collected by `collect_extent_files`).
+        let step = UNLOGGED_WRITE_MIN / 2;
+        for at in (0..len).step_by(step) {
+            vol.write(a, at as u64, &model[at..at + step]).unwrap();
+            vol.write(b, at as u64, &vec![0x5a; step]).unwrap();
         }
+        vol.tenant().db().flush().unwrap(); // into blob files before the delete
         vol.fsync().unwrap();
         vol.unlink(ROOT_INO, b"b").unwrap();
         vol.forget(b).unwrap(); // (the kernel's last reference: its data is deleted)
@@ -203,5 +282,56 @@ mod tests {
             "{before:?} -> {after:?}"
         );
         assert!(vol.read(a, 0, len as u32).unwrap() == model);
+    }
+
+    /// A file rewritten whole in bulk writes leaves its old extent files unnamed: a collection
+    /// pools two of them (to be written again) and deletes the rest, changes no byte, and the
+    /// next files reuse the pooled ones. A file still named is left alone.
+    #[test]
+    fn unnamed_extent_files_are_pooled_or_deleted_and_named_ones_kept() {
+        let store = TestStore::new();
+        let vol = store.open();
+        let files = vol.tenant().db().extent_files();
+        files.set_roll_bytes(2 << 20);
+        let owner = Owner { uid: 0, gid: 0 };
+        let ino = vol
+            .mknod(ROOT_INO, b"f", FileKind::File, 0o644, owner, 0)
+            .unwrap()
+            .ino;
+        let len = 8usize << 20;
+        let mut model = Vec::new();
+        for round in 0..3u8 {
+            model = (0..len).map(|i| (i % 251) as u8 ^ round | 1).collect();
+            for at in (0..len).step_by(1 << 20) {
+                vol.write(ino, at as u64, &model[at..at + (1 << 20)])
+                    .unwrap();
+            }
+        }
+        vol.fsync().unwrap();
+        let before = vol.tenant().db().extent_file_stats();
+        assert!(before.files >= 12, "{before:?}");
+        let gone = collect_extent_files(vol.tenant(), 0).unwrap();
+        let after = vol.tenant().db().extent_file_stats();
+        // Round 3's 8 MiB is in 4-5 files (the last one open); rounds 1 and 2's are unnamed.
+        assert!(gone.files >= 7, "{gone:?}");
+        assert_eq!(
+            after.files,
+            before.files - (gone.files - 2),
+            "two pooled: {after:?}"
+        );
+        assert!(vol.read(ino, 0, len as u32).unwrap() == model);
+        // Nothing more to take; the pooled files come back as the next ones written.
+        assert_eq!(collect_extent_files(vol.tenant(), 0).unwrap().files, 0);
+        for at in (0..4usize << 20).step_by(1 << 20) {
+            vol.write(ino, at as u64, &model[at..at + (1 << 20)])
+                .unwrap();
+        }
+        vol.fsync().unwrap();
+        assert!(vol.read(ino, 0, len as u32).unwrap() == model);
+        assert_eq!(
+            vol.tenant().db().extent_file_stats().files,
+            after.files,
+            "pooled files reused"
+        );
     }
 }

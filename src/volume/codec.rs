@@ -20,6 +20,10 @@
 //!                   a chunk splits it into block keys. A read takes the chunk and block
 //!                   keys of its range; a block key, where both exist, wins.
 //!                   (Format 3; format 2 stores hold block keys only and are read as they are.)
+//!            or, for a chunk of a bulk write (format 4): extent span (file u64 BE ‖ offset
+//!                   u64 BE ‖ length u32 BE ‖ XXH3 of the bytes u64 BE) ‖ 2 ‖ 0x00: the chunk's bytes are in the store's
+//!                   extent file `file` from `offset` (see `store::extents`), written there
+//!                   before this value was.
 //!          Values of 2 KiB and more are kept in RocksDB blob files (BlobDB): written once at
 //!          flush, never rewritten by compaction, read with O_DIRECT (see `store::host`).
 //! meta     "volume"                          -> format version (u32 BE) ‖ block size (u32 BE)
@@ -34,12 +38,15 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Attr, FileKind};
+use crate::store::ExtentSpan;
 
 pub(crate) const VOLUME_KEY: &[u8] = b"volume";
-/// Version 3: chunk keys (a 64 KiB value for a whole aligned run) beside block keys. Version 2
-/// (block keys only, read the same way) is taken over by writing 3 at open. Version 1 put a
-/// leading tag byte before every extent value and is refused.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+/// Version 4: a chunk value may name its bytes in an extent file (tag 2). Version 3 added chunk
+/// keys (a 64 KiB value for a whole aligned run) beside block keys; versions 2 (block keys
+/// only) and 3 read the same way and are taken over by writing 4 at open (a binary of format 3
+/// would misread a stored chunk, so it refuses a store of format 4). Version 1 put a leading
+/// tag byte before every extent value and is refused.
+pub(crate) const FORMAT_VERSION: u32 = 4;
 /// The oldest format a store is migrated from (by rewriting its version: its keys read as they
 /// are).
 pub(crate) const FORMAT_MIGRATES_FROM: u32 = 2;
@@ -50,6 +57,8 @@ const ATTR_VERSION: u8 = 1;
 const ATTR_FIXED: usize = 84;
 
 pub(crate) const EXTENT_BASE: u8 = 1;
+/// Tag of a chunk value that names its bytes in an extent file (format 4).
+pub(crate) const EXTENT_STORED: u8 = 2;
 /// Present while a tree from a base image is being grafted into a new volume.
 pub(crate) const GRAFTING_KEY: &[u8] = b"grafting";
 
@@ -195,6 +204,32 @@ pub(crate) fn decode_extent(value: &[u8]) -> Option<Extent<'_>> {
     match value {
         [.., last] if *last != 0 => Some(Extent::Private(value)),
         [reference @ .., EXTENT_BASE, 0] => Some(Extent::Base(reference)),
+        _ => None,
+    }
+}
+
+/// What a chunk value holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Chunk<'a> {
+    /// The chunk's bytes up to its last non-zero one.
+    Bytes(&'a [u8]),
+    /// Where its bytes are in the store's extent files.
+    Stored(ExtentSpan),
+}
+
+/// The value of a chunk whose bytes were written into an extent file at `span`.
+pub(crate) fn stored_chunk(span: ExtentSpan) -> [u8; ExtentSpan::ENCODED_LEN + 2] {
+    let mut v = [0u8; ExtentSpan::ENCODED_LEN + 2];
+    v[..ExtentSpan::ENCODED_LEN].copy_from_slice(&span.encode());
+    v[ExtentSpan::ENCODED_LEN] = EXTENT_STORED;
+    v
+}
+
+/// A chunk value, or `None` when it is neither form (damaged).
+pub(crate) fn decode_chunk(value: &[u8]) -> Option<Chunk<'_>> {
+    match value {
+        [.., last] if *last != 0 => Some(Chunk::Bytes(value)),
+        [span @ .., EXTENT_STORED, 0] => ExtentSpan::decode(span).map(Chunk::Stored),
         _ => None,
     }
 }

@@ -16,20 +16,37 @@ use std::borrow::Cow;
 use std::collections::BTreeSet;
 
 use super::codec::{
-    chunk_key, decode_extent, decode_extent_key, extent_key, lookup_keys, private_extent, Extent,
-    ExtentKey, CHUNK_BYTES,
+    chunk_key, decode_chunk, decode_extent, decode_extent_key, extent_key, lookup_keys,
+    private_extent, stored_chunk, Chunk, Extent, ExtentKey, CHUNK_BYTES,
 };
 use super::{
     kill_privileges, now, Fallocate, FileKind, Result, Volume, VolumeError, MULTI_GET_BLOCKS,
     UNLOGGED_WRITE_MIN,
 };
-use crate::store::{Batch, Family};
+use crate::store::{Batch, ExtentSpan, Family};
 use crate::tenants::Tenant;
 
 /// Blocks per chunk for a volume of `block_size` blocks: 1 (no chunks) when a block is already
 /// a chunk or larger.
 pub(super) fn chunk_blocks(block_size: u64) -> u64 {
     (CHUNK_BYTES / block_size).max(1)
+}
+
+/// The bytes of chunk value `value` of `ino`: the value itself, or what it names in an extent
+/// file. The caller holds the extent files' `read_guard` since it looked the value up.
+fn chunk_bytes<'a>(tenant: &Tenant, ino: u64, value: &'a [u8]) -> Result<Cow<'a, [u8]>> {
+    match decode_chunk(value) {
+        Some(Chunk::Bytes(bytes)) => Ok(Cow::Borrowed(bytes)),
+        Some(Chunk::Stored(span)) if u64::from(span.len) <= CHUNK_BYTES => {
+            let mut bytes = Vec::new();
+            tenant
+                .db()
+                .extent_files()
+                .read(&[span], |_, b| bytes = b.to_vec())?;
+            Ok(Cow::Owned(bytes))
+        }
+        _ => Err(super::damaged(tenant, ino)),
+    }
 }
 
 /// What is stored for chunk `first` of `ino`: whether the chunk value exists, and which of its
@@ -78,9 +95,11 @@ fn split_chunk(
     }
     if (overlaid.len() as u64) < chunk_blocks {
         let db = tenant.db();
-        let Some(chunk) = db.get(Family::Extents, &chunk_key(ino, first))? else {
+        let _no_delete = db.extent_files().read_guard();
+        let Some(value) = db.get(Family::Extents, &chunk_key(ino, first))? else {
             return Ok(false);
         };
+        let chunk = chunk_bytes(tenant, ino, &value)?;
         let bs = block_size as usize;
         if chunk.len() > chunk_blocks as usize * bs {
             return Err(super::damaged(tenant, ino));
@@ -120,10 +139,16 @@ pub(super) fn merge_chunk(
     let mut chunk = false;
     let mut damaged = false;
     let mut not_private = false;
+    let mut stored = None;
     let (keys, names) = lookup_keys(ino, first, first + chunk_blocks - 1, chunk_blocks);
+    let _no_delete = tenant.db().extent_files().read_guard();
     tenant
         .db()
         .multi_get(Family::Extents, &keys, |i, v| match names[i] {
+            ExtentKey::Chunk(_) if matches!(decode_chunk(v), Some(Chunk::Stored(_))) => {
+                chunk = true;
+                stored = Some(v.to_vec());
+            }
             ExtentKey::Chunk(_) => match merged.get_mut(..v.len()) {
                 Some(to) => {
                     chunk = true;
@@ -153,6 +178,18 @@ pub(super) fn merge_chunk(
     if !chunk {
         return Ok(false);
     }
+    if let Some(value) = stored {
+        // Read after the lookups, so every block over the chunk is known: those keep theirs.
+        let bytes = chunk_bytes(tenant, ino, &value)?;
+        let to = merged
+            .get_mut(..bytes.len())
+            .ok_or_else(|| super::damaged(tenant, ino))?;
+        for (nth, (to, from)) in to.chunks_mut(bs).zip(bytes.chunks(bs)).enumerate() {
+            if !overlaid[nth] {
+                to.copy_from_slice(from);
+            }
+        }
+    }
     if not_private {
         return split_chunk(tenant, b, block_size, chunk_blocks, ino, first);
     }
@@ -168,6 +205,58 @@ pub(super) fn merge_chunk(
         None => b.delete(Family::Extents, &key),
     }
     Ok(true)
+}
+
+/// The bytes `[offset, end)` of a read, blocks `first..=last` of `bs` bytes.
+#[derive(Clone, Copy)]
+struct ReadRange {
+    offset: u64,
+    end: u64,
+    first: u64,
+    last: u64,
+    bs: u64,
+}
+
+impl ReadRange {
+    /// Where block `index`'s part of the read goes in the output, and where it is in the block.
+    fn span(&self, index: u64) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let block_start = index * self.bs;
+        let lo = self.offset.max(block_start);
+        let hi = self.end.min(block_start + self.bs);
+        (
+            (lo - self.offset) as usize..(hi - self.offset) as usize,
+            (lo - block_start) as usize..(hi - block_start) as usize,
+        )
+    }
+
+    fn place_block(&self, out: &mut [u8], index: u64, block: &[u8]) {
+        let (to, from) = self.span(index);
+        out[to].copy_from_slice(&block[from]);
+    }
+
+    /// The blocks in range of chunk `c` (of `chunk_blocks` blocks, bytes `value`, zeros past
+    /// its end) that have no key of their own (`overlaid`, indexed from `first`) into `out`.
+    fn place_chunk(
+        &self,
+        out: &mut [u8],
+        overlaid: &[bool],
+        c: u64,
+        chunk_blocks: u64,
+        value: &[u8],
+    ) {
+        for index in c.max(self.first)..(c + chunk_blocks).min(self.last + 1) {
+            if overlaid[(index - self.first) as usize] {
+                continue;
+            }
+            let (to, from) = self.span(index);
+            let base = ((index - c) * self.bs) as usize;
+            let (lo, hi) = (base + from.start, base + from.end);
+            let have = value.get(lo..value.len().min(hi)).unwrap_or(&[]);
+            let (data, zeros) = out[to].split_at_mut(have.len());
+            data.copy_from_slice(have);
+            zeros.fill(0);
+        }
+    }
 }
 
 impl Volume {
@@ -202,6 +291,7 @@ impl Volume {
         let (keys, names) = lookup_keys(ino, index, index, self.chunk_blocks);
         let mut from_block = None;
         let mut from_chunk = None;
+        let _no_delete = self.db().extent_files().read_guard();
         self.db()
             .multi_get(Family::Extents, &keys, |i, v| match names[i] {
                 ExtentKey::Block(_) => from_block = Some(v.to_vec()),
@@ -210,7 +300,8 @@ impl Volume {
         if let Some(v) = from_block {
             self.decode_block_into(ino, &v, &mut block)?;
         } else if let Some((c, v)) = from_chunk {
-            self.chunk_block_into(ino, &v, index - c, &mut block)?;
+            let chunk = chunk_bytes(&self.tenant, ino, &v)?;
+            self.chunk_block_into(ino, &chunk, index - c, &mut block)?;
         }
         Ok(block)
     }
@@ -326,7 +417,9 @@ impl Volume {
 
     /// Writes whole aligned chunks `data` at `offset` (a multiple of the chunk size) of `ino`
     /// (a file of `size` bytes before) into `b`: one value per chunk, after deleting the block
-    /// keys they replace.
+    /// keys they replace. With `to_extent_file`, the bytes go into the store's extent files
+    /// now, and each chunk's value names where they are (format 4: bulk data is written once,
+    /// by this thread, not copied through the memtable and a flush).
     fn write_chunks(
         &self,
         b: &mut Batch<'_>,
@@ -334,6 +427,7 @@ impl Volume {
         size: u64,
         offset: u64,
         data: &[u8],
+        to_extent_file: bool,
     ) -> Result<()> {
         let bs = self.block_size;
         let first = offset / bs;
@@ -356,12 +450,20 @@ impl Volume {
             )?;
         }
         let unit = (self.chunk_blocks * bs) as usize;
+        // Nothing to write for a run of zeros (holes).
+        let stored = match to_extent_file && private_extent(data).is_some() {
+            true => self.db().write_extents(data, unit)?,
+            false => Vec::new(),
+        };
         for (nth, chunk) in data.chunks(unit).enumerate() {
             let key = chunk_key(ino, first + nth as u64 * self.chunk_blocks);
-            match private_extent(chunk) {
-                Some(v) => b.put(Family::Extents, &key, v),
-                None if offset + ((nth * unit) as u64) < size => b.delete(Family::Extents, &key),
-                None => {}
+            match (private_extent(chunk), stored.get(nth)) {
+                (Some(_), Some(span)) => b.put(Family::Extents, &key, &stored_chunk(*span)),
+                (Some(v), None) => b.put(Family::Extents, &key, v),
+                (None, _) if offset + ((nth * unit) as u64) < size => {
+                    b.delete(Family::Extents, &key)
+                }
+                (None, _) => {}
             }
         }
         Ok(())
@@ -444,20 +546,16 @@ impl Volume {
         let mut overlaid = vec![false; (last - first + 1) as usize];
         // Chunks met in range, to queue for folding if blocks overlay them.
         let mut chunks_met: Vec<u64> = Vec::new();
+        // Chunks whose bytes are in extent files, read together after the lookups.
+        let mut stored: Vec<(u64, ExtentSpan)> = Vec::new();
         // Blocks shared with a base image are fetched together after the lookups.
         let mut base_refs: Vec<(u64, Vec<u8>)> = Vec::new();
-        let span = |index: u64| {
-            let block_start = index * bs;
-            let lo = offset.max(block_start);
-            let hi = end.min(block_start + bs);
-            (
-                (lo - offset) as usize..(hi - offset) as usize,
-                (lo - block_start) as usize..(hi - block_start) as usize,
-            )
-        };
-        let place = |out: &mut [u8], index: u64, block: &[u8]| {
-            let (to, from) = span(index);
-            out[to].copy_from_slice(&block[from]);
+        let range = ReadRange {
+            offset,
+            end,
+            first,
+            last,
+            bs,
         };
         let mut copy = |name: ExtentKey, value: &[u8]| -> bool {
             let result = match name {
@@ -471,30 +569,23 @@ impl Volume {
                         return true;
                     }
                     self.decode_block_into(ino, value, &mut block)
-                        .map(|()| place(out, index, &block))
+                        .map(|()| range.place_block(out, index, &block))
                 }
                 ExtentKey::Chunk(c) if c > last => return true,
-                ExtentKey::Chunk(c) => {
-                    if value.len() as u64 > self.chunk_blocks * bs {
-                        Err(self.damaged(ino))
-                    } else {
+                ExtentKey::Chunk(c) => match decode_chunk(value) {
+                    Some(Chunk::Bytes(bytes)) if bytes.len() as u64 <= self.chunk_blocks * bs => {
                         chunks_met.push(c);
-                        // Straight from the value: the blocks in range without their own key.
-                        for index in c.max(first)..(c + self.chunk_blocks).min(last + 1) {
-                            if overlaid[(index - first) as usize] {
-                                continue;
-                            }
-                            let (to, from) = span(index);
-                            let base = ((index - c) * bs) as usize;
-                            let (lo, hi) = (base + from.start, base + from.end);
-                            let have = value.get(lo..value.len().min(hi)).unwrap_or(&[]);
-                            let (data, zeros) = out[to].split_at_mut(have.len());
-                            data.copy_from_slice(have);
-                            zeros.fill(0);
-                        }
+                        // Blocks whose keys come later overwrite their part of `out`.
+                        range.place_chunk(out, &overlaid, c, self.chunk_blocks, bytes);
                         Ok(())
                     }
-                }
+                    Some(Chunk::Stored(span)) if u64::from(span.len) <= self.chunk_blocks * bs => {
+                        chunks_met.push(c);
+                        stored.push((c, span));
+                        Ok(())
+                    }
+                    _ => Err(self.damaged(ino)),
+                },
             };
             match result {
                 Ok(()) => true,
@@ -504,6 +595,9 @@ impl Volume {
                 }
             }
         };
+        // No extent file named by a value looked up here goes before it is read.
+        let extent_files = self.db().extent_files();
+        let _no_delete = extent_files.read_guard();
         let blocks = last - first + 1;
         if blocks <= MULTI_GET_BLOCKS {
             // Point lookups use the bloom filters; an iterator would visit every SST whose key
@@ -530,6 +624,13 @@ impl Volume {
         if let Some(e) = err {
             return Err(e);
         }
+        if !stored.is_empty() {
+            // After every lookup: the blocks over these chunks are all known.
+            let spans: Vec<ExtentSpan> = stored.iter().map(|(_, s)| *s).collect();
+            extent_files.read(&spans, |i, bytes| {
+                range.place_chunk(out, &overlaid, stored[i].0, self.chunk_blocks, bytes);
+            })?;
+        }
         for c in chunks_met {
             // A chunk left overlaid (its fold dropped at a close, or a format 2 store).
             let lo = c.max(first) - first;
@@ -545,7 +646,7 @@ impl Volume {
             base.read_many(&refs, &mut outs)
                 .map_err(|detail| self.base_error(ino, detail))?;
             for ((index, _), block) in base_refs.iter().zip(blocks.chunks(bs as usize)) {
-                place(out, *index, block);
+                range.place_block(out, *index, block);
             }
         }
         Ok(())
@@ -579,14 +680,21 @@ impl Volume {
         if data.is_empty() {
             return Ok(0); // writes nothing, and does not move the end of file either
         }
-        // Room for the data and, per block, a key and a record header.
+        // Bulk data of a chunked volume goes into extent files (see `write_chunks`); without
+        // chunks (blocks of 64 KiB and more) it skips the WAL instead.
+        let bulk = data.len() >= UNLOGGED_WRITE_MIN;
+        let to_extent_file = bulk && self.chunked();
+        // Room for the data (unless it goes to an extent file) and, per block, a key and a
+        // record header.
         let blocks = data.len() / self.block_size as usize + 2;
-        let mut b = self.db().batch_with_capacity(data.len() + blocks * 64);
+        let inline = if to_extent_file { 0 } else { data.len() };
+        let mut b = self.db().batch_with_capacity(inline + blocks * 64);
         let (lo, hi) = self.whole_chunks(offset, end);
         let at = |pos: u64| (pos - offset) as usize;
         if lo < hi {
             self.write_blocks(&mut b, ino, attr.size, offset, &data[..at(lo)])?;
-            self.write_chunks(&mut b, ino, attr.size, lo, &data[at(lo)..at(hi)])?;
+            let run = &data[at(lo)..at(hi)];
+            self.write_chunks(&mut b, ino, attr.size, lo, run, to_extent_file)?;
             self.write_blocks(&mut b, ino, attr.size, hi, &data[at(hi)..])?;
         } else {
             self.write_blocks(&mut b, ino, attr.size, offset, data)?;
@@ -596,11 +704,13 @@ impl Volume {
         attr.mtime = t;
         attr.ctime = t;
         kill_privileges(&mut attr);
-        if data.len() >= UNLOGGED_WRITE_MIN {
-            // Bulk data goes to the memtable only and is written once, into a blob file at
-            // flush; fsync flushes it (see `TenantDb::write_unlogged`). The inode goes through
-            // the WAL after it: a crash before the flush leaves the new size over holes
-            // (zeros, as a file system loses unsynced data), never blocks past the size.
+        if bulk {
+            // Bulk data goes to the memtable only (the values naming extent files, or without
+            // chunks the data itself, written once into a blob file at flush); fsync flushes
+            // it (see `TenantDb::write_unlogged`), after the extent files it names are synced.
+            // The inode goes through the WAL after it: a crash before the flush leaves the
+            // new size over holes (zeros, as a file system loses unsynced data) and what was
+            // overwritten as it was, never blocks past the size.
             self.db().write_unlogged(b)?;
             let mut b = self.db().batch();
             self.store_attr(&mut b, &attr, &[]);

@@ -57,8 +57,9 @@ pub const MAX_FILE_SIZE: u64 = i64::MAX as u64;
 const XATTR_NAME_MAX: usize = 255;
 /// Reads of up to this many blocks (1 MiB at 4 KiB: every FUSE read) use batched point lookups.
 const MULTI_GET_BLOCKS: u64 = 256;
-/// Writes this large skip the WAL: durable at fsync (a memtable flush), not at return. Small
-/// writes stay WAL appends, durable as soon as the WAL reaches the disk.
+/// Writes this large are bulk: their whole chunks go into extent files (blocks of 64 KiB and
+/// more: the memtable without the WAL), durable at fsync, not at return. Small writes stay WAL
+/// appends, durable as soon as the WAL reaches the disk.
 const UNLOGGED_WRITE_MIN: usize = 256 << 10;
 const XATTR_SIZE_MAX: usize = 64 * 1024;
 
@@ -237,7 +238,7 @@ pub enum VolumeError {
 /// What to do with a store of a data format this tenantfs does not read.
 fn format_advice(found: u32) -> String {
     let reads = format!(
-        "it reads formats {} and {}",
+        "it reads formats {} to {}",
         codec::FORMAT_MIGRATES_FROM,
         codec::FORMAT_VERSION
     );

@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
-use super::codec::{lookup_keys, ExtentKey, LookupKey};
+use super::codec::{decode_chunk, lookup_keys, Chunk, ExtentKey, LookupKey};
 use crate::store::{Family, StoreError};
 use crate::tenants::Tenant;
 
@@ -177,9 +177,18 @@ fn warm(
         })
         .unzip();
     let mut found = BTreeSet::new();
-    db.multi_get(Family::Extents, &chunk_keys, |i, _| {
+    let mut stored = Vec::new();
+    let _no_delete = db.extent_files().read_guard();
+    db.multi_get(Family::Extents, &chunk_keys, |i, v| {
         found.insert(chunks[i]);
+        if let Some(Chunk::Stored(span)) = decode_chunk(v) {
+            stored.push(span);
+        }
     })?;
+    if !stored.is_empty() {
+        // Chunks in extent files: their bytes come in (one read per run end to end).
+        db.extent_files().read(&stored, |_, _| {})?;
+    }
     let rest = blocks_outside(keys, names, chunk_blocks, &found);
     if rest.is_empty() {
         return Ok(());

@@ -1,0 +1,326 @@
+//! The extent files' bytes through the store's encrypted Env (`extent_files.cc`): an appender
+//! whose writes are encrypted and written asynchronously, a reader that decrypts, and the
+//! aligned buffer O_DIRECT reads need. The only unsafe code of the extent files is here.
+
+use std::ffi::{c_char, c_void, CString};
+use std::path::Path;
+
+use librocksdb_sys as sys;
+
+extern "C" {
+    fn tenantfs_extent_writer_open(
+        env: *const sys::rocksdb_env_t,
+        path: *const c_char,
+        reuse: *const c_char,
+        direct: i32,
+        err: *mut *mut c_char,
+    ) -> *mut c_void;
+    fn tenantfs_extent_writer_append(
+        writer: *mut c_void,
+        data: *const c_char,
+        len: usize,
+        err: *mut *mut c_char,
+    ) -> i32;
+    fn tenantfs_extent_writer_wait(writer: *mut c_void, err: *mut *mut c_char) -> i32;
+    fn tenantfs_extent_writer_sync(writer: *mut c_void, err: *mut *mut c_char) -> i32;
+    fn tenantfs_extent_writer_close(writer: *mut c_void, err: *mut *mut c_char) -> i32;
+    fn tenantfs_extent_reader_open(
+        env: *const sys::rocksdb_env_t,
+        path: *const c_char,
+        direct: i32,
+        err: *mut *mut c_char,
+    ) -> *mut c_void;
+    fn tenantfs_extent_reader_read(
+        reader: *mut c_void,
+        offset: u64,
+        len: usize,
+        buf: *mut c_char,
+        err: *mut *mut c_char,
+    ) -> i64;
+    fn tenantfs_extent_reader_close(reader: *mut c_void);
+}
+
+/// O_DIRECT's alignment for offsets, lengths and buffers.
+pub(crate) const ALIGN: usize = 4096;
+
+/// The Env extent files are opened through: the store's encrypted Env, or none (the default
+/// file system: a plaintext store, for benchmarks only).
+#[derive(Clone, Copy)]
+pub(crate) struct EnvPtr(*const sys::rocksdb_env_t);
+
+// SAFETY: the Env is a thread-safe RocksDB object; the pointer is only passed to the shim,
+// and its owner (`TenantDb`, which holds the `rocksdb::Env`) outlives every user (the
+// extent files it owns).
+unsafe impl Send for EnvPtr {}
+// SAFETY: as for Send: the shim only calls const, thread-safe methods through it.
+unsafe impl Sync for EnvPtr {}
+
+impl EnvPtr {
+    pub(crate) fn of(env: Option<&rocksdb::Env>) -> Self {
+        use rocksdb::AsRawPtr;
+        // SAFETY: only reads the pointer the Env wraps; it stays valid while the Env lives.
+        Self(env.map_or(std::ptr::null(), |e| unsafe { e.as_raw_ptr() }.cast_const()))
+    }
+}
+
+fn c_path(path: &Path) -> Result<CString, String> {
+    use std::os::unix::ffi::OsStrExt;
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| format!("{}: NUL in path", path.display()))
+}
+
+/// Takes the shim's malloc'd error message.
+fn take_err(err: *mut c_char) -> String {
+    if err.is_null() {
+        return "unknown error".into();
+    }
+    // SAFETY: the shim sets `err` to a NUL-terminated strdup'd string, freed here once.
+    unsafe {
+        let message = std::ffi::CStr::from_ptr(err).to_string_lossy().into_owned();
+        libc::free(err.cast());
+        message
+    }
+}
+
+/// An extent file open for appends (see `extent_files.cc`).
+pub(crate) struct Appender {
+    raw: *mut c_void,
+}
+
+// SAFETY: the shim's writer is used by one thread at a time (callers hold `&mut`, or a
+// mutex around it); its own writer thread is internal to it.
+unsafe impl Send for Appender {}
+
+impl Appender {
+    /// Creates the file at `path`, or renames the file at `reuse` to it and writes it from
+    /// its start (its blocks are reused, not freed).
+    pub(crate) fn create(
+        env: EnvPtr,
+        path: &Path,
+        reuse: Option<&Path>,
+        direct: bool,
+    ) -> Result<Self, String> {
+        let p = c_path(path)?;
+        let r = reuse.map(c_path).transpose()?;
+        let r_ptr = r.as_ref().map_or(std::ptr::null(), |r| r.as_ptr());
+        let mut err = std::ptr::null_mut();
+        // SAFETY: `env` is a live Env or null (the shim then uses the default file system);
+        // `p` and `r` are NUL-terminated (or `r_ptr` null) and outlive the call.
+        let raw = unsafe {
+            tenantfs_extent_writer_open(env.0, p.as_ptr(), r_ptr, i32::from(direct), &mut err)
+        };
+        if raw.is_null() {
+            return Err(take_err(err));
+        }
+        Ok(Self { raw })
+    }
+
+    /// Hands `data` over (with O_DIRECT: a multiple of [`ALIGN`] long); it is in the file once
+    /// [`Self::wait`] returns.
+    pub(crate) fn append(&mut self, data: &[u8]) -> Result<(), String> {
+        let mut err = std::ptr::null_mut();
+        // SAFETY: `raw` is a live writer (freed only by `Drop`); the shim copies `data`
+        // before it returns.
+        let r = unsafe {
+            tenantfs_extent_writer_append(self.raw, data.as_ptr().cast(), data.len(), &mut err)
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(take_err(err))
+        }
+    }
+
+    /// Waits until everything appended is in the file (not yet durable).
+    pub(crate) fn wait(&mut self) -> Result<(), String> {
+        let mut err = std::ptr::null_mut();
+        // SAFETY: `raw` is a live writer.
+        let r = unsafe { tenantfs_extent_writer_wait(self.raw, &mut err) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(take_err(err))
+        }
+    }
+
+    /// Waits for everything appended and makes it durable.
+    pub(crate) fn sync(&mut self) -> Result<(), String> {
+        let mut err = std::ptr::null_mut();
+        // SAFETY: `raw` is a live writer.
+        let r = unsafe { tenantfs_extent_writer_sync(self.raw, &mut err) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(take_err(err))
+        }
+    }
+
+    /// Waits for everything appended and closes the file.
+    pub(crate) fn close(mut self) -> Result<(), String> {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        let mut err = std::ptr::null_mut();
+        // SAFETY: `raw` is live and, taken out of `self`, freed by the shim exactly once here.
+        let r = unsafe { tenantfs_extent_writer_close(raw, &mut err) };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(take_err(err))
+        }
+    }
+}
+
+impl Drop for Appender {
+    fn drop(&mut self) {
+        if !self.raw.is_null() {
+            let mut err = std::ptr::null_mut();
+            // SAFETY: `raw` is live and freed exactly once, here (`close` nulls it).
+            if unsafe { tenantfs_extent_writer_close(self.raw, &mut err) } != 0 {
+                tracing::warn!(error = %take_err(err), "closing an extent file failed");
+            }
+        }
+    }
+}
+
+/// An extent file open for reads.
+pub(crate) struct Reader {
+    raw: *mut c_void,
+    direct: bool,
+}
+
+// SAFETY: RocksDB's random-access files are safe for concurrent reads (pread at offsets).
+unsafe impl Send for Reader {}
+// SAFETY: as for Send.
+unsafe impl Sync for Reader {}
+
+impl Reader {
+    pub(crate) fn open(env: EnvPtr, path: &Path, direct: bool) -> Result<Self, String> {
+        let p = c_path(path)?;
+        let mut err = std::ptr::null_mut();
+        // SAFETY: as in `Appender::create`.
+        let raw =
+            unsafe { tenantfs_extent_reader_open(env.0, p.as_ptr(), i32::from(direct), &mut err) };
+        if raw.is_null() {
+            return Err(take_err(err));
+        }
+        Ok(Self { raw, direct })
+    }
+
+    /// Reads and decrypts `buf.len()` bytes from `offset` (aligned, for O_DIRECT); the count
+    /// read (short at the end of the file).
+    pub(crate) fn read(&self, offset: u64, buf: &mut AlignedBuf) -> Result<usize, String> {
+        if self.direct && !(offset.is_multiple_of(ALIGN as u64) && buf.len().is_multiple_of(ALIGN))
+        {
+            return Err(format!(
+                "unaligned extent read: {} bytes at {offset}",
+                buf.len()
+            ));
+        }
+        let mut err = std::ptr::null_mut();
+        let len = buf.len();
+        // SAFETY: `raw` is live; `buf` is ALIGN-aligned and `len` bytes long, writable and not
+        // aliased for the call (`&mut`).
+        let n = unsafe {
+            tenantfs_extent_reader_read(self.raw, offset, len, buf.as_mut_ptr().cast(), &mut err)
+        };
+        if n < 0 {
+            return Err(take_err(err));
+        }
+        Ok(n as usize)
+    }
+}
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        // SAFETY: `raw` is live and freed exactly once, here.
+        unsafe { tenantfs_extent_reader_close(self.raw) }
+    }
+}
+
+/// A zeroed byte buffer aligned to [`ALIGN`], of a length that is a multiple of it.
+pub(crate) struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: an owned heap buffer, like a Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    /// `len` rounded up to [`ALIGN`] zeroed bytes.
+    pub(crate) fn new(len: usize) -> Self {
+        let len = len.div_ceil(ALIGN).max(1) * ALIGN;
+        let layout = std::alloc::Layout::from_size_align(len, ALIGN).expect("extent buffer size");
+        // SAFETY: `layout` has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        Self { ptr, len }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `len` initialised (zeroed, then written) bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len, ALIGN).expect("as allocated");
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_aligned_buffer_is_aligned_rounded_up_and_zeroed() {
+        let b = AlignedBuf::new(5000);
+        assert_eq!(b.len(), 8192);
+        assert_eq!(b.as_ptr() as usize % ALIGN, 0);
+        assert!(b.iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn appends_read_back_through_the_default_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.ext");
+        let mut w = Appender::create(EnvPtr::of(None), &path, None, false).unwrap();
+        let data: Vec<u8> = (0..3 * ALIGN).map(|i| (i % 251) as u8).collect();
+        w.append(&data).unwrap();
+        w.wait().unwrap();
+        let r = Reader::open(EnvPtr::of(None), &path, false).unwrap();
+        let mut buf = AlignedBuf::new(2 * ALIGN);
+        assert_eq!(r.read(ALIGN as u64, &mut buf).unwrap(), 2 * ALIGN);
+        assert_eq!(&buf[..], &data[ALIGN..]);
+        w.close().unwrap();
+        // Closed: trimmed to what was appended (space was reserved ahead); past it, short.
+        assert_eq!(r.read(2 * ALIGN as u64, &mut buf).unwrap(), ALIGN);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 3 * ALIGN as u64);
+        let missing = dir.path().join("no/such/dir.ext");
+        assert!(Appender::create(EnvPtr::of(None), &missing, None, false).is_err());
+        // Reused: renamed, written from its start, the rest of the old bytes left as they were.
+        let again = dir.path().join("2.ext");
+        let mut w = Appender::create(EnvPtr::of(None), &again, Some(&path), false).unwrap();
+        w.append(&data[..ALIGN]).unwrap();
+        w.wait().unwrap();
+        assert!(!path.exists());
+        let r = Reader::open(EnvPtr::of(None), &again, false).unwrap();
+        let mut buf = AlignedBuf::new(ALIGN);
+        assert_eq!(r.read(0, &mut buf).unwrap(), ALIGN);
+        assert_eq!(&buf[..], &data[..ALIGN]);
+    }
+}
