@@ -2091,17 +2091,10 @@ fn kill9_during_blob_garbage_collection_loses_nothing_synced() {
     let mut killed_mid_gc = 0;
     for (trial, delay_ms) in [(1u64, 40u64), (2, 150), (3, 400)] {
         let before = blob_files(&store_dir);
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "kill9_during_blob_garbage_collection_loses_nothing_synced",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(GC_CHILD_ENV, format!("{}:{trial}", t.root.display()))
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_child(
+            "kill9_during_blob_garbage_collection_loses_nothing_synced",
+            &[(GC_CHILD_ENV, format!("{}:{trial}", t.root.display()))],
+        );
         let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         let reader = {
             let lines = lines.clone();
@@ -2242,17 +2235,10 @@ fn kill9_after_folds_loses_nothing_synced() {
     for (at, block) in fold_overwrites() {
         model[at as usize..at as usize + block.len()].copy_from_slice(&block);
     }
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "kill9_after_folds_loses_nothing_synced",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(FOLD_CHILD_ENV, t.root.display().to_string())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_child(
+        "kill9_after_folds_loses_nothing_synced",
+        &[(FOLD_CHILD_ENV, t.root.display().to_string())],
+    );
     let mut counts = Vec::new();
     {
         use std::io::BufRead;
@@ -2301,6 +2287,17 @@ fn kill9_after_folds_loses_nothing_synced() {
         gc_read(&vol, "f", FOLD_FILE) == model,
         "the second fold changed bytes"
     );
+}
+
+/// This test binary run again as the child of crash test `test` (its stdout piped), with
+/// `envs` telling it so.
+fn spawn_child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
+    std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 const EXTENT_CHILD_ENV: &str = "TENANTFS_TEST_EXTENT_CHILD";
@@ -2366,18 +2363,13 @@ fn kill9_during_extent_file_writes_loses_nothing_synced() {
     }
     let mut synced = 1;
     for (kill, wait_ms) in [(0, 5u64), (1, 40), (2, 120)] {
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "kill9_during_extent_file_writes_loses_nothing_synced",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env(EXTENT_CHILD_ENV, t.root.display().to_string())
-            .env("TENANTFS_TEST_EXTENT_ROUND", (synced + 1).to_string())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_child(
+            "kill9_during_extent_file_writes_loses_nothing_synced",
+            &[
+                (EXTENT_CHILD_ENV, t.root.display().to_string()),
+                ("TENANTFS_TEST_EXTENT_ROUND", (synced + 1).to_string()),
+            ],
+        );
         use std::io::BufRead;
         let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
         let mut note = |line: &str| {

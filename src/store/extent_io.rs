@@ -82,6 +82,15 @@ fn take_err(err: *mut c_char) -> String {
     }
 }
 
+/// A shim call's result: 0, or -1 with its error message.
+fn status(r: i32, err: *mut c_char) -> Result<(), String> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(take_err(err))
+    }
+}
+
 /// An extent file open for appends (see `extent_files.cc`).
 pub(crate) struct Appender {
     raw: *mut c_void,
@@ -124,11 +133,7 @@ impl Appender {
         let r = unsafe {
             tenantfs_extent_writer_append(self.raw, data.as_ptr().cast(), data.len(), &mut err)
         };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(take_err(err))
-        }
+        status(r, err)
     }
 
     /// Waits until everything appended is in the file (not yet durable).
@@ -136,11 +141,7 @@ impl Appender {
         let mut err = std::ptr::null_mut();
         // SAFETY: `raw` is a live writer.
         let r = unsafe { tenantfs_extent_writer_wait(self.raw, &mut err) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(take_err(err))
-        }
+        status(r, err)
     }
 
     /// Waits for everything appended and makes it durable.
@@ -148,11 +149,7 @@ impl Appender {
         let mut err = std::ptr::null_mut();
         // SAFETY: `raw` is a live writer.
         let r = unsafe { tenantfs_extent_writer_sync(self.raw, &mut err) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(take_err(err))
-        }
+        status(r, err)
     }
 
     /// Waits for everything appended and closes the file.
@@ -161,11 +158,7 @@ impl Appender {
         let mut err = std::ptr::null_mut();
         // SAFETY: `raw` is live and, taken out of `self`, freed by the shim exactly once here.
         let r = unsafe { tenantfs_extent_writer_close(raw, &mut err) };
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(take_err(err))
-        }
+        status(r, err)
     }
 }
 

@@ -305,16 +305,7 @@ class PipelinedWriteFs final : public FileSystemWrapper {
   IOStatus NewWritableFile(const std::string& fname, const FileOptions& options,
                            std::unique_ptr<FSWritableFile>* result,
                            IODebugContext* dbg) override {
-    // Only files RocksDB promises not to read, reopen or truncate while they are open for
-    // write (flush and compaction outputs, blob files built by them, SST file writers):
-    // a piece handed to the writer thread is not yet in the file. Anything else (WAL,
-    // MANIFEST, blob direct-write files, which RocksDB reads while writing) goes to
-    // `encrypted` as before.
-    using ROCKSDB_NAMESPACE::FileOpenContract;
-    const auto contract =
-        FileOpenContract::kNoReopenForWrite | FileOpenContract::kNoReadersWhileOpenForWrite;
-    if (!options.use_direct_writes || options.use_mmap_writes ||
-        !ROCKSDB_NAMESPACE::HasFileOpenContract(options.open_contract, contract)) {
+    if (!Pipelined(options)) {
       return target()->NewWritableFile(fname, options, result, dbg);
     }
     std::unique_ptr<FSWritableFile> file;
@@ -332,11 +323,7 @@ class PipelinedWriteFs final : public FileSystemWrapper {
                              const FileOptions& options,
                              std::unique_ptr<FSWritableFile>* result,
                              IODebugContext* dbg) override {
-    using ROCKSDB_NAMESPACE::FileOpenContract;
-    const auto contract =
-        FileOpenContract::kNoReopenForWrite | FileOpenContract::kNoReadersWhileOpenForWrite;
-    if (!options.use_direct_writes || options.use_mmap_writes ||
-        !ROCKSDB_NAMESPACE::HasFileOpenContract(options.open_contract, contract)) {
+    if (!Pipelined(options)) {
       return target()->ReuseWritableFile(fname, old_fname, options, result, dbg);
     }
     std::unique_ptr<FSWritableFile> file;
@@ -348,6 +335,19 @@ class PipelinedWriteFs final : public FileSystemWrapper {
   }
 
  private:
+  // Only files RocksDB promises not to read, reopen or truncate while they are open for
+  // write (flush and compaction outputs, blob files built by them, SST file writers; and
+  // extent files, read only where they were waited for): a piece handed to the writer
+  // thread is not yet in the file. Anything else (WAL, MANIFEST, blob direct-write files,
+  // which RocksDB reads while writing) goes to `encrypted` as before.
+  static bool Pipelined(const FileOptions& options) {
+    using ROCKSDB_NAMESPACE::FileOpenContract;
+    const auto contract =
+        FileOpenContract::kNoReopenForWrite | FileOpenContract::kNoReadersWhileOpenForWrite;
+    return options.use_direct_writes && !options.use_mmap_writes &&
+           ROCKSDB_NAMESPACE::HasFileOpenContract(options.open_contract, contract);
+  }
+
   // Writes the prefix into `file` (opened by `base_`) and puts the pipeline over it.
   IOStatus Wrap(const std::string& fname, const FileOptions& options,
                 std::unique_ptr<FSWritableFile> file, std::unique_ptr<FSWritableFile>* result,
