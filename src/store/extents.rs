@@ -193,8 +193,9 @@ impl ExtentFiles {
     }
 
     /// Hands `data` (a multiple of 4 KiB) to the open extent file's writer and returns where
-    /// each `piece` bytes of it will be (a span per piece, the last one maybe shorter): its disk space is reserved, its bytes are written in the background (a
-    /// read of the span waits for them, a sync or a memtable flush makes them durable first).
+    /// each `piece` bytes of it will be (a span per piece, the last one maybe shorter): its
+    /// disk space is reserved, its bytes are written in the background (a read of the span
+    /// waits for them, a sync or a memtable flush makes them durable first).
     /// After a failure the file is closed (what it held before stays readable) and the next
     /// append starts a new one: a failed append returns no span.
     pub(crate) fn append(&self, data: &[u8], piece: usize) -> Result<Vec<ExtentSpan>, StoreError> {
@@ -327,9 +328,12 @@ impl ExtentFiles {
         // writer goes on meanwhile (a memtable flush syncs here, and held the writer for
         // several milliseconds per flush).
         let path = self.path(number);
-        std::fs::File::open(&path)
-            .and_then(|f| f.sync_data())
-            .map_err(|e| StoreError::io(&self.tenant, &path, e))
+        match std::fs::File::open(&path).and_then(|f| f.sync_data()) {
+            Ok(()) => Ok(()),
+            // Rolled over and taken by a collection since the drain: no value names it.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(StoreError::io(&self.tenant, &path, e)),
+        }
     }
 
     /// Waits until every span of file `number` handed out is in the file.
