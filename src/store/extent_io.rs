@@ -198,20 +198,25 @@ impl Reader {
         Ok(Self { raw, direct })
     }
 
-    /// Reads and decrypts `buf.len()` bytes from `offset` (aligned, for O_DIRECT); the count
-    /// read (short at the end of the file).
-    pub(crate) fn read(&self, offset: u64, buf: &mut AlignedBuf) -> Result<usize, String> {
-        if self.direct && !(offset.is_multiple_of(ALIGN as u64) && buf.len().is_multiple_of(ALIGN))
+    /// Reads and decrypts `len` bytes from `offset` (both aligned, for O_DIRECT) into the
+    /// start of `buf`; the count read (short at the end of the file).
+    pub(crate) fn read(
+        &self,
+        offset: u64,
+        buf: &mut AlignedBuf,
+        len: usize,
+    ) -> Result<usize, String> {
+        if len > buf.len()
+            || (self.direct && !(offset.is_multiple_of(ALIGN as u64) && len.is_multiple_of(ALIGN)))
         {
             return Err(format!(
-                "unaligned extent read: {} bytes at {offset}",
+                "bad extent read: {len} bytes at {offset} into {} bytes",
                 buf.len()
             ));
         }
         let mut err = std::ptr::null_mut();
-        let len = buf.len();
-        // SAFETY: `raw` is live; `buf` is ALIGN-aligned and `len` bytes long, writable and not
-        // aliased for the call (`&mut`).
+        // SAFETY: `raw` is live; `buf` is ALIGN-aligned and at least `len` bytes long (checked
+        // above), writable and not aliased for the call (`&mut`).
         let n = unsafe {
             tenantfs_extent_reader_read(self.raw, offset, len, buf.as_mut_ptr().cast(), &mut err)
         };
@@ -297,11 +302,18 @@ mod tests {
         w.wait().unwrap();
         let r = Reader::open(EnvPtr::of(None), &path, false).unwrap();
         let mut buf = AlignedBuf::new(2 * ALIGN);
-        assert_eq!(r.read(ALIGN as u64, &mut buf).unwrap(), 2 * ALIGN);
+        assert_eq!(
+            r.read(ALIGN as u64, &mut buf, 2 * ALIGN).unwrap(),
+            2 * ALIGN
+        );
+        assert!(r.read(0, &mut buf, 3 * ALIGN).is_err(), "past the buffer");
         assert_eq!(&buf[..], &data[ALIGN..]);
         w.close().unwrap();
         // Closed: trimmed to what was appended (space was reserved ahead); past it, short.
-        assert_eq!(r.read(2 * ALIGN as u64, &mut buf).unwrap(), ALIGN);
+        assert_eq!(
+            r.read(2 * ALIGN as u64, &mut buf, 2 * ALIGN).unwrap(),
+            ALIGN
+        );
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 3 * ALIGN as u64);
         let missing = dir.path().join("no/such/dir.ext");
         assert!(Appender::create(EnvPtr::of(None), &missing, None, false).is_err());
@@ -313,7 +325,7 @@ mod tests {
         assert!(!path.exists());
         let r = Reader::open(EnvPtr::of(None), &again, false).unwrap();
         let mut buf = AlignedBuf::new(ALIGN);
-        assert_eq!(r.read(0, &mut buf).unwrap(), ALIGN);
+        assert_eq!(r.read(0, &mut buf, ALIGN).unwrap(), ALIGN);
         assert_eq!(&buf[..], &data[..ALIGN]);
     }
 }
