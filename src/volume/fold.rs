@@ -34,8 +34,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::chunk::merge_chunk;
 use super::codec::lookup_keys;
-use super::data::merge_chunk;
 use super::locks::InodeLocks;
 use crate::store::Family;
 use crate::tenants::Tenant;

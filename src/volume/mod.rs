@@ -8,6 +8,7 @@
 //! that becomes all zeros is stored as a hole.
 
 mod blob_gc;
+mod chunk;
 mod codec;
 mod data;
 mod fold;
@@ -417,7 +418,7 @@ impl Volume {
             .unwrap_or(ROOT_INO);
         let tenant = Arc::new(tenant);
         let inodes = Arc::new(InodeLocks::new());
-        let chunk_blocks = data::chunk_blocks(block_size);
+        let chunk_blocks = chunk::chunk_blocks(block_size);
         let volume = Self {
             folds: Folds::new(
                 Arc::clone(&tenant),
