@@ -2048,11 +2048,7 @@ fn blob_files(dir: &std::path::Path) -> Vec<(String, u64)> {
 /// The child: one more synced overwrite of `churn` (its content named by the trial), then
 /// blob GC over and over, each run announced on stdout, until killed.
 fn gc_child(root: &str, trial: u64) {
-    let data = tenantfs::data_dir::DataDir::open(std::path::Path::new(root), None).unwrap();
-    let host = tenantfs::store::StoreHost::builder()
-        .block_cache_bytes(64 << 20)
-        .build();
-    let vol = Volume::open(tenants::open(&data, &host, "gc").unwrap()).unwrap();
+    let vol = open_in_child(root, "gc");
     gc_write(&vol, "churn", &noise(1000 + trial, GC_CHURN));
     vol.fsync().unwrap();
     for i in 0.. {
@@ -2183,11 +2179,7 @@ fn extent_keys(vol: &Volume) -> usize {
 /// The child: 4 KiB writes over the file, synced, then every fold at once (written without
 /// the WAL), announced on stdout, then idle until killed.
 fn fold_child(root: &str) {
-    let data = tenantfs::data_dir::DataDir::open(std::path::Path::new(root), None).unwrap();
-    let host = tenantfs::store::StoreHost::builder()
-        .block_cache_bytes(64 << 20)
-        .build();
-    let vol = Volume::open(tenants::open(&data, &host, "fold").unwrap()).unwrap();
+    let vol = open_in_child(root, "fold");
     let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
     for (at, block) in fold_overwrites() {
         vol.write(ino, at, &block).unwrap();
@@ -2289,6 +2281,15 @@ fn kill9_after_folds_loses_nothing_synced() {
     );
 }
 
+/// Volume `name` of the data dir at `root`, opened by a crash test's child process.
+fn open_in_child(root: &str, name: &str) -> Volume {
+    let data = tenantfs::data_dir::DataDir::open(std::path::Path::new(root), None).unwrap();
+    let host = tenantfs::store::StoreHost::builder()
+        .block_cache_bytes(64 << 20)
+        .build();
+    Volume::open(tenants::open(&data, &host, name).unwrap()).unwrap()
+}
+
 /// This test binary run again as the child of crash test `test` (its stdout piped), with
 /// `envs` telling it so.
 fn spawn_child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
@@ -2311,11 +2312,7 @@ fn extent_piece(round: u64, nth: usize) -> Vec<u8> {
 /// The child: rewrites the file in 1 MiB writes (bulk: into extent files), round after round,
 /// fsyncing after each round and announcing it, until killed.
 fn extent_child(root: &str) {
-    let data = tenantfs::data_dir::DataDir::open(std::path::Path::new(root), None).unwrap();
-    let host = tenantfs::store::StoreHost::builder()
-        .block_cache_bytes(64 << 20)
-        .build();
-    let vol = Volume::open(tenants::open(&data, &host, "ext").unwrap()).unwrap();
+    let vol = open_in_child(root, "ext");
     let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
     let first: u64 = std::env::var("TENANTFS_TEST_EXTENT_ROUND")
         .unwrap()

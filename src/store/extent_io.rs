@@ -1,6 +1,6 @@
 //! The extent files' bytes through the store's encrypted Env (`extent_files.cc`): an appender
 //! whose writes are encrypted and written asynchronously, a reader that decrypts, and the
-//! aligned buffer O_DIRECT reads need. The only unsafe code of the extent files is here.
+//! aligned buffer O_DIRECT reads need. All the FFI and raw memory of the extent files is here.
 
 use std::ffi::{c_char, c_void, CString};
 use std::path::Path;

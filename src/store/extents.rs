@@ -27,7 +27,7 @@ use super::extent_io::{AlignedBuf, Appender, EnvPtr, Reader, ALIGN};
 use super::StoreError;
 
 /// An extent file is closed and a new one started past this size.
-pub const ROLL_BYTES: u64 = 256 << 20;
+const ROLL_BYTES: u64 = 256 << 20;
 /// Unnamed files kept per store to be written again: overwriting a file's blocks costs the
 /// file system nothing, where freeing a 256 MiB file and allocating another is journal work
 /// and, on a file system mounted with `discard` (this host's), a TRIM that stalled streaming
@@ -50,7 +50,7 @@ pub struct ExtentSpan {
 }
 
 /// The checksum a span carries of its bytes.
-pub fn checksum(bytes: &[u8]) -> u64 {
+fn checksum(bytes: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(bytes)
 }
 

@@ -19,7 +19,7 @@ mod tenant_db;
 use std::path::{Path, PathBuf};
 
 pub use block_cache::{RocksBlockCache, RocksBlockCacheStats};
-pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan, ROLL_BYTES as EXTENT_FILE_ROLL_BYTES};
+pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan};
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
 pub use tenant_db::{Batch, BlobSpace, Encryption, Entry, Family, OpenMode, TenantDb};

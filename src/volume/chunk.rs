@@ -36,160 +36,140 @@ pub(super) fn chunk_bytes<'a>(tenant: &Tenant, ino: u64, value: &'a [u8]) -> Res
     }
 }
 
-/// What is stored for chunk `first` of `ino`: whether the chunk value exists, and which of its
-/// blocks have their own key over it. Keys only: no value is read.
-fn chunk_cover(
-    tenant: &Tenant,
-    chunk_blocks: u64,
-    ino: u64,
-    first: u64,
-) -> Result<(bool, BTreeSet<u64>)> {
-    let mut chunk = false;
-    let mut overlaid = BTreeSet::new();
-    tenant.db().keys(
-        Family::Extents,
-        &extent_key(ino, first),
-        &extent_key(ino, first + chunk_blocks),
-        |k| {
-            match decode_extent_key(k) {
-                Some(ExtentKey::Block(index)) => {
-                    overlaid.insert(index);
-                }
-                Some(ExtentKey::Chunk(c)) => chunk |= c == first,
-                None => {}
-            }
-            true
-        },
-    )?;
-    Ok((chunk, overlaid))
+/// One chunk of one file: chunk `first` (its first block) of `ino`, in a volume of
+/// `block_size` blocks and `chunk_blocks` blocks per chunk. The caller holds the inode's lock.
+pub(super) struct ChunkAt<'a> {
+    pub tenant: &'a Tenant,
+    pub block_size: u64,
+    pub chunk_blocks: u64,
+    pub ino: u64,
+    pub first: u64,
 }
 
-/// Rewrites chunk `first` of `ino` (if it exists) as block keys in `b`, leaving out the blocks
-/// that already have their own key (they overlay the chunk), and deletes the chunk key; false
-/// when there is no chunk. A chunk overlaid whole is not read at all. Later changes to its
-/// blocks in the same batch win over the rewritten blocks. The caller holds the inode's lock.
-pub(super) fn split_chunk(
-    tenant: &Tenant,
-    b: &mut Batch<'_>,
-    block_size: u64,
-    chunk_blocks: u64,
-    ino: u64,
-    first: u64,
-) -> Result<bool> {
-    let (exists, overlaid) = chunk_cover(tenant, chunk_blocks, ino, first)?;
-    if !exists {
-        return Ok(false);
+impl ChunkAt<'_> {
+    /// Whether the chunk value exists, and which of its blocks have their own key over it.
+    /// Keys only: no value is read.
+    fn cover(&self) -> Result<(bool, BTreeSet<u64>)> {
+        let (ino, first) = (self.ino, self.first);
+        let mut chunk = false;
+        let mut overlaid = BTreeSet::new();
+        self.tenant.db().keys(
+            Family::Extents,
+            &extent_key(ino, first),
+            &extent_key(ino, first + self.chunk_blocks),
+            |k| {
+                match decode_extent_key(k) {
+                    Some(ExtentKey::Block(index)) => {
+                        overlaid.insert(index);
+                    }
+                    Some(ExtentKey::Chunk(c)) => chunk |= c == first,
+                    None => {}
+                }
+                true
+            },
+        )?;
+        Ok((chunk, overlaid))
     }
-    if (overlaid.len() as u64) < chunk_blocks {
-        let db = tenant.db();
-        let _no_delete = db.extent_files().read_guard();
-        let Some(value) = db.get(Family::Extents, &chunk_key(ino, first))? else {
+
+    /// Rewrites the chunk (if it exists) as block keys in `b`, leaving out the blocks that
+    /// already have their own key (they overlay the chunk), and deletes the chunk key; false
+    /// when there is no chunk. A chunk overlaid whole is not read at all. Later changes to
+    /// its blocks in the same batch win over the rewritten blocks.
+    pub(super) fn split(&self, b: &mut Batch<'_>) -> Result<bool> {
+        let (tenant, ino, first) = (self.tenant, self.ino, self.first);
+        let (exists, overlaid) = self.cover()?;
+        if !exists {
             return Ok(false);
-        };
-        let chunk = chunk_bytes(tenant, ino, &value)?;
-        let bs = block_size as usize;
-        if chunk.len() > chunk_blocks as usize * bs {
-            return Err(super::damaged(tenant, ino));
         }
-        for (nth, data) in chunk.chunks(bs).enumerate() {
-            let index = first + nth as u64;
-            if !overlaid.contains(&index) {
-                if let Some(v) = private_extent(data) {
-                    b.put(Family::Extents, &extent_key(ino, index), v);
-                }
+        if (overlaid.len() as u64) < self.chunk_blocks {
+            let db = tenant.db();
+            let _no_delete = db.extent_files().read_guard();
+            let Some(value) = db.get(Family::Extents, &chunk_key(ino, first))? else {
+                return Ok(false);
+            };
+            let chunk = chunk_bytes(tenant, ino, &value)?;
+            let bs = self.block_size as usize;
+            if chunk.len() > self.chunk_blocks as usize * bs {
+                return Err(super::damaged(tenant, ino));
             }
-        }
-    }
-    b.delete(Family::Extents, &chunk_key(ino, first));
-    Ok(true)
-}
-
-/// Merges the block keys over chunk `first` of `ino` into the chunk in `b`: one value again,
-/// the blocks' keys deleted; false when there is no chunk or nothing over it. A chunk range
-/// holds no hole (a hole splits its chunk at once), so the merged value holds exactly the
-/// bytes a read would see. A block that is not private data (a base image's block) cannot go
-/// into a chunk: the chunk is split instead ([`split_chunk`]). One multi-get of the chunk's
-/// keys brings both the values and which keys exist. The caller holds the inode's lock.
-pub(super) fn merge_chunk(
-    tenant: &Tenant,
-    b: &mut Batch<'_>,
-    block_size: u64,
-    chunk_blocks: u64,
-    ino: u64,
-    first: u64,
-) -> Result<bool> {
-    let bs = block_size as usize;
-    let mut merged = vec![0u8; chunk_blocks as usize * bs];
-    // Which blocks have a key of their own: their bytes come from it, not from the chunk
-    // (keys arrive in key order: the first block's key comes before the chunk's).
-    let mut overlaid = vec![false; chunk_blocks as usize];
-    let mut chunk = false;
-    let mut damaged = false;
-    let mut not_private = false;
-    let mut stored = None;
-    let (keys, names) = lookup_keys(ino, first, first + chunk_blocks - 1, chunk_blocks);
-    let _no_delete = tenant.db().extent_files().read_guard();
-    tenant
-        .db()
-        .multi_get(Family::Extents, &keys, |i, v| match names[i] {
-            ExtentKey::Chunk(_) if matches!(decode_chunk(v), Some(Chunk::Stored(_))) => {
-                chunk = true;
-                stored = Some(v.to_vec());
-            }
-            ExtentKey::Chunk(_) => match merged.get_mut(..v.len()) {
-                Some(to) => {
-                    chunk = true;
-                    for (nth, (to, from)) in to.chunks_mut(bs).zip(v.chunks(bs)).enumerate() {
-                        if !overlaid[nth] {
-                            to.copy_from_slice(from);
-                        }
+            for (nth, data) in chunk.chunks(bs).enumerate() {
+                let index = first + nth as u64;
+                if !overlaid.contains(&index) {
+                    if let Some(v) = private_extent(data) {
+                        b.put(Family::Extents, &extent_key(ino, index), v);
                     }
                 }
-                None => damaged = true,
-            },
-            ExtentKey::Block(index) => match decode_extent(v) {
-                Some(Extent::Private(data)) if data.len() <= bs => {
-                    let nth = (index - first) as usize;
-                    overlaid[nth] = true;
-                    let (to, zeros) = merged[nth * bs..(nth + 1) * bs].split_at_mut(data.len());
-                    to.copy_from_slice(data);
-                    zeros.fill(0);
-                }
-                Some(Extent::Base(_)) => not_private = true,
-                _ => damaged = true,
-            },
-        })?;
-    if damaged {
-        return Err(super::damaged(tenant, ino));
+            }
+        }
+        b.delete(Family::Extents, &chunk_key(ino, first));
+        Ok(true)
     }
-    if !chunk {
-        return Ok(false);
-    }
-    if let Some(value) = stored {
-        // Read after the lookups, so every block over the chunk is known: those keep theirs.
+
+    /// Merges the block keys over the chunk into it in `b`: one value again, the blocks'
+    /// keys deleted; false when there is no chunk or nothing over it. A chunk range holds no
+    /// hole (a hole splits its chunk at once), so the merged value holds exactly the bytes a
+    /// read would see. A block that is not private data (a base image's block) cannot go
+    /// into a chunk: the chunk is split instead ([`Self::split`]). One multi-get of the
+    /// chunk's keys brings both the values and which keys exist; the chunk's bytes are laid
+    /// under the blocks after it, when every block over it is known.
+    pub(super) fn merge(&self, b: &mut Batch<'_>) -> Result<bool> {
+        let (tenant, ino, first) = (self.tenant, self.ino, self.first);
+        let bs = self.block_size as usize;
+        let blocks = self.chunk_blocks;
+        let mut merged = vec![0u8; blocks as usize * bs];
+        // Which blocks have a key of their own: their bytes come from it, not from the chunk.
+        let mut overlaid = vec![false; blocks as usize];
+        let mut chunk = None;
+        let mut damaged = false;
+        let mut not_private = false;
+        let (keys, names) = lookup_keys(ino, first, first + blocks - 1, blocks);
+        let _no_delete = tenant.db().extent_files().read_guard();
+        tenant
+            .db()
+            .multi_get(Family::Extents, &keys, |i, v| match names[i] {
+                ExtentKey::Chunk(_) => chunk = Some(v.to_vec()),
+                ExtentKey::Block(index) => match decode_extent(v) {
+                    Some(Extent::Private(data)) if data.len() <= bs => {
+                        let nth = (index - first) as usize;
+                        overlaid[nth] = true;
+                        let to = &mut merged[nth * bs..(nth + 1) * bs];
+                        let (to, zeros) = to.split_at_mut(data.len());
+                        to.copy_from_slice(data);
+                        zeros.fill(0);
+                    }
+                    Some(Extent::Base(_)) => not_private = true,
+                    _ => damaged = true,
+                },
+            })?;
+        if damaged {
+            return Err(super::damaged(tenant, ino));
+        }
+        let Some(value) = chunk else {
+            return Ok(false);
+        };
         let bytes = chunk_bytes(tenant, ino, &value)?;
-        let to = merged
+        let under = merged
             .get_mut(..bytes.len())
             .ok_or_else(|| super::damaged(tenant, ino))?;
-        for (nth, (to, from)) in to.chunks_mut(bs).zip(bytes.chunks(bs)).enumerate() {
+        for (nth, (to, from)) in under.chunks_mut(bs).zip(bytes.chunks(bs)).enumerate() {
             if !overlaid[nth] {
                 to.copy_from_slice(from);
             }
         }
+        if not_private {
+            return self.split(b);
+        }
+        if !overlaid.contains(&true) {
+            return Ok(false);
+        }
+        for (nth, _) in overlaid.iter().enumerate().filter(|(_, o)| **o) {
+            b.delete(Family::Extents, &extent_key(ino, first + nth as u64));
+        }
+        let key = chunk_key(ino, first);
+        match private_extent(&merged) {
+            Some(v) => b.put(Family::Extents, &key, v),
+            None => b.delete(Family::Extents, &key),
+        }
+        Ok(true)
     }
-    if not_private {
-        return split_chunk(tenant, b, block_size, chunk_blocks, ino, first);
-    }
-    if !overlaid.contains(&true) {
-        return Ok(false);
-    }
-    for (nth, _) in overlaid.iter().enumerate().filter(|(_, o)| **o) {
-        b.delete(Family::Extents, &extent_key(ino, first + nth as u64));
-    }
-    let key = chunk_key(ino, first);
-    match private_extent(&merged) {
-        Some(v) => b.put(Family::Extents, &key, v),
-        None => b.delete(Family::Extents, &key),
-    }
-    Ok(true)
 }

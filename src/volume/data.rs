@@ -16,7 +16,7 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 
-use super::chunk::{chunk_bytes, split_chunk};
+use super::chunk::{chunk_bytes, ChunkAt};
 use super::codec::{
     chunk_key, decode_chunk, decode_extent, decode_extent_key, extent_key, lookup_keys,
     private_extent, stored_chunk, Chunk, Extent, ExtentKey,
@@ -82,6 +82,17 @@ impl ReadRange {
 impl Volume {
     fn chunked(&self) -> bool {
         self.chunk_blocks > 1
+    }
+
+    /// Chunk `first` of `ino`.
+    pub(super) fn chunk_at(&self, ino: u64, first: u64) -> ChunkAt<'_> {
+        ChunkAt {
+            tenant: &self.tenant,
+            block_size: self.block_size,
+            chunk_blocks: self.chunk_blocks,
+            ino,
+            first,
+        }
     }
 
     /// The first block of the chunk holding block `index`.
@@ -226,7 +237,7 @@ impl Volume {
                 }
             }
             for first in split {
-                split_chunk(&self.tenant, b, bs, self.chunk_blocks, ino, first)?;
+                self.chunk_at(ino, first).split(b)?;
             }
         }
         for (index, block) in &blocks {

@@ -34,7 +34,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::chunk::merge_chunk;
+use super::chunk::ChunkAt;
 use super::codec::lookup_keys;
 use super::locks::InodeLocks;
 use crate::store::Family;
@@ -291,15 +291,14 @@ impl Shared {
         let _g = self.locks.lock(ino);
         let db = self.tenant.db();
         let mut b = db.batch();
-        let result = merge_chunk(
-            &self.tenant,
-            &mut b,
-            self.block_size,
-            self.chunk_blocks,
+        let chunk = ChunkAt {
+            tenant: &self.tenant,
+            block_size: self.block_size,
+            chunk_blocks: self.chunk_blocks,
             ino,
             first,
-        )
-        .and_then(|found| {
+        };
+        let result = chunk.merge(&mut b).and_then(|found| {
             if found {
                 db.write_relayout(b)?;
             }
