@@ -66,6 +66,7 @@ bench: build
 	$(CARGO) run --release --example bench_idle_mounts
 	$(CARGO) run --release --example bench_interference
 	$(CARGO) run --release --example bench_tree
+	$(CARGO) run --release --example bench_space
 	$(CARGO) run --release --example bench_fuse_request
 
 # The library's unit tests and the cache concurrency tests under AddressSanitizer (nightly

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
 use super::block_cache::RocksBlockCache;
 use super::extent_io::{AlignedBuf, Appender, EnvPtr, Reader, ALIGN};
@@ -95,6 +96,8 @@ struct Open {
     dirty: bool,
     /// Appended since the last wait: bytes may still be on their way to the file.
     unwritten: bool,
+    /// When the last append came.
+    appended_at: Instant,
 }
 
 /// One store's extent files.
@@ -224,6 +227,7 @@ impl ExtentFiles {
                 size: 0,
                 dirty: false,
                 unwritten: false,
+                appended_at: Instant::now(),
             });
         }
         let o = open.as_mut().expect("opened above");
@@ -248,6 +252,7 @@ impl ExtentFiles {
         o.size += data.len() as u64;
         o.dirty = true;
         o.unwritten = true;
+        o.appended_at = Instant::now();
         self.open_number.store(number, Ordering::Release);
         Ok(spans)
     }
@@ -354,6 +359,17 @@ impl ExtentFiles {
         Ok(())
     }
 
+    /// Closes the open file if nothing was appended to it for `idle`, so that a collection
+    /// (which leaves the open file alone) can take its garbage. True if it did.
+    pub(crate) fn close_if_idle(&self, idle: Duration) -> Result<bool, StoreError> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if open.as_ref().is_none_or(|o| o.appended_at.elapsed() < idle) {
+            return Ok(false);
+        }
+        self.close_open(&mut open)?;
+        Ok(true)
+    }
+
     /// Syncs and closes the open file and deletes the pooled ones: at the store's close.
     pub(crate) fn close(&self) -> Result<(), StoreError> {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
@@ -401,6 +417,25 @@ impl ExtentFiles {
     pub(crate) fn read(
         &self,
         spans: &[ExtentSpan],
+        f: impl FnMut(usize, &[u8]),
+    ) -> Result<(), StoreError> {
+        self.read_spans(spans, true, f)
+    }
+
+    /// [`Self::read`] for bytes about to be moved to another file: what the disk gives is not
+    /// cached (its spans are garbage once moved, and would push out what is read again).
+    pub(crate) fn read_to_move(
+        &self,
+        spans: &[ExtentSpan],
+        f: impl FnMut(usize, &[u8]),
+    ) -> Result<(), StoreError> {
+        self.read_spans(spans, false, f)
+    }
+
+    fn read_spans(
+        &self,
+        spans: &[ExtentSpan],
+        keep: bool,
         mut f: impl FnMut(usize, &[u8]),
     ) -> Result<(), StoreError> {
         let mut missed: Vec<usize> = Vec::new();
@@ -461,8 +496,10 @@ impl ExtentFiles {
                     );
                     return Err(self.corrupt(s.file, detail));
                 }
-                self.cache
-                    .insert_raw(&self.cache_key(s.file, s.offset), bytes);
+                if keep {
+                    self.cache
+                        .insert_raw(&self.cache_key(s.file, s.offset), bytes);
+                }
                 f(i, bytes);
             }
             keep_read_buffer(buf);
@@ -480,6 +517,20 @@ impl ExtentFiles {
             .map_or_else(|| self.next_number.load(Ordering::Relaxed), |o| o.number)
     }
 
+    /// Stops keeping the pooled files: a collection can take them (writes have stopped
+    /// rolling files over, the pool's reason).
+    pub(crate) fn empty_pool(&self) {
+        self.pool().clear();
+    }
+
+    /// The files before `horizon` that are not pooled: number and size on disk.
+    pub(crate) fn closed_before(&self, horizon: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+        let pool = self.pool().clone();
+        let mut files = list(&self.tenant, &self.dir)?;
+        files.retain(|(n, _)| *n < horizon && !pool.contains(n));
+        Ok(files)
+    }
+
     /// The bytes of the files before `horizon` that `live` does not name and that are not
     /// pooled (what a collection would take).
     pub(crate) fn unnamed_before(
@@ -487,23 +538,24 @@ impl ExtentFiles {
         horizon: u64,
         live: &HashMap<u64, u64>,
     ) -> Result<u64, StoreError> {
-        let pool = self.pool().clone();
-        Ok(list(&self.tenant, &self.dir)?
+        Ok(self
+            .closed_before(horizon)?
             .iter()
-            .filter(|(n, _)| *n < horizon && !live.contains_key(n) && !pool.contains(n))
+            .filter(|(n, _)| !live.contains_key(n))
             .map(|(_, bytes)| bytes)
             .sum())
     }
 
-    /// Deletes (or pools, up to [`POOL_FILES`], to be written again) every extent file before
-    /// `horizon` ([`Self::horizon`], taken before `live`) that `live` (the live bytes per file
-    /// named by a reference, as the owner found them) does not name. The owner has made that
-    /// state durable first, so that no reference to a taken file comes back after a crash.
-    /// Returns the files and bytes taken.
+    /// Deletes (or, when `pool`, pools up to [`POOL_FILES`], to be written again) every
+    /// extent file before `horizon` ([`Self::horizon`], taken before `live`) that `live` (the
+    /// live bytes per file named by a reference, as the owner found them) does not name. The
+    /// owner has made that state durable first, so that no reference to a taken file comes
+    /// back after a crash. Returns the files and bytes taken.
     pub(crate) fn collect(
         &self,
         horizon: u64,
         live: &HashMap<u64, u64>,
+        pool: bool,
     ) -> Result<ExtentFileStats, StoreError> {
         // A file still being closed in the background is not pooled or deleted under its
         // closer (which trims it at the end).
@@ -518,7 +570,7 @@ impl ExtentFiles {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&number);
-            {
+            if pool {
                 let mut pool = self.pool();
                 if pool.len() < POOL_FILES {
                     pool.push(number);

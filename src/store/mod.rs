@@ -19,6 +19,7 @@ mod tenant_db;
 use std::path::{Path, PathBuf};
 
 pub use block_cache::{RocksBlockCache, RocksBlockCacheStats};
+pub(crate) use extent_io::ALIGN as EXTENT_ALIGN;
 pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan};
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};

@@ -19,62 +19,74 @@
 //! blob files, 1.6 GB of them garbage, collected in 5 s to 1.1 GB. A collection is a full
 //! compaction of the file data's keys: reads meanwhile share the disk and the CPU with it.
 //!
-//! Extent files (format 4, `store::extents`) are collected on the same thread: after each
-//! extent file is closed, the next poke walks the chunk values that name extent files (inline
-//! values only: no blob is read; 16k per GiB of file data), and deletes the closed files none
-//! names once they hold 1 GiB ([`EXTENT_GARBAGE_FACTOR`]), after a flush has made the values
-//! that replaced them durable (so that no value naming a deleted file comes back after a
-//! crash). A file overwritten whole, the streaming case, goes without any copying. Files
-//! still partly named keep their garbage: moving their live chunks is not built yet.
+//! Extent files (format 4) are collected on the same thread (`extent_gc`): after each extent
+//! file is closed, and every [`EXTENT_CHECK_EVERY`] when none is.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::codec::{decode_chunk, decode_extent_key, Chunk, ExtentKey};
-use crate::store::{BlobSpace, ExtentFileStats, Family, StoreError};
+use super::extent_gc::{collect_extent_files, Occasion};
+use super::locks::InodeLocks;
+use crate::store::BlobSpace;
 use crate::tenants::Tenant;
 
 /// How often a busy volume looks at its garbage (two property reads).
 pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(10);
 /// Garbage below this is left alone, whatever its share.
 pub(crate) const MIN_GARBAGE: u64 = 256 << 20;
-/// Unnamed extent files are deleted once they hold this many times [`MIN_GARBAGE`] (1 GiB):
-/// each collection flushes the memtables and frees whole files, which stalls a streaming
-/// writer for a few milliseconds; measured on a 20 s overwrite of a 1 GiB file, collecting
-/// after every closed file took the write p99 from 1.5 ms to 8.8 ms.
+/// Extent garbage is collected once it is this many times [`MIN_GARBAGE`] (1 GiB): each
+/// collection flushes the memtables and frees whole files, which stalls a streaming writer for
+/// a few milliseconds; measured on a 20 s overwrite of a 1 GiB file, collecting after every
+/// closed file took the write p99 from 1.5 ms to 8.8 ms.
 const EXTENT_GARBAGE_FACTOR: u64 = 4;
+/// How often a busy volume with extent files walks their chunk values when no file was closed
+/// (folds and random overwrites leave garbage without closing one), and how long the open file
+/// must go without an append to be closed then. A walk reads the extents family's inline
+/// values: about 20 ms per GiB of bulk data.
+const EXTENT_CHECK_EVERY: Duration = Duration::from_secs(60);
 
 /// One volume's collector.
 pub(crate) struct BlobGc {
+    /// The volume's inode locks (a chunk is moved under its file's).
+    locks: Arc<InodeLocks>,
     /// Milliseconds after `start` before which no look is due.
     next_check_ms: AtomicU64,
+    /// The same for a walk of the extent files' chunks when none was closed.
+    next_extent_check_ms: AtomicU64,
     start: Instant,
     running: Arc<AtomicBool>,
     closed: AtomicBool,
     /// Collections started so far.
     started: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
-    policy: Mutex<(Duration, u64)>,
+    policy: Mutex<Policy>,
     /// Extent files closed as of the last extent collection started.
-    extent_files_seen: AtomicU64,
+    extent_files_seen: Arc<AtomicU64>,
 }
 
-impl Default for BlobGc {
-    fn default() -> Self {
-        Self {
-            next_check_ms: AtomicU64::new(0),
-            start: Instant::now(),
-            running: Arc::new(AtomicBool::new(false)),
-            closed: AtomicBool::new(false),
-            started: AtomicU64::new(0),
-            worker: Mutex::new(None),
-            policy: Mutex::new((CHECK_EVERY, MIN_GARBAGE)),
-            extent_files_seen: AtomicU64::new(0),
-        }
-    }
+/// Whether a look kept in `next_ms` is due at `now_ms`; if so, the caller takes it (the next
+/// one is due `every` later) and no other caller does.
+fn take_due(next_ms: &AtomicU64, now_ms: u64, every: Duration) -> bool {
+    let due = next_ms.load(Ordering::Relaxed);
+    now_ms >= due
+        && next_ms
+            .compare_exchange(
+                due,
+                now_ms + every.as_millis() as u64,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+}
+
+/// When to look and what to collect.
+#[derive(Clone, Copy)]
+struct Policy {
+    every: Duration,
+    extent_every: Duration,
+    min_garbage: u64,
 }
 
 /// Whether `space` holds enough garbage to collect: at least `min_garbage`, and 45% of the
@@ -86,43 +98,74 @@ fn warranted(space: BlobSpace, min_garbage: u64) -> bool {
 }
 
 impl BlobGc {
+    pub(crate) fn new(locks: Arc<InodeLocks>) -> Self {
+        Self {
+            locks,
+            next_check_ms: AtomicU64::new(0),
+            next_extent_check_ms: AtomicU64::new(EXTENT_CHECK_EVERY.as_millis() as u64),
+            start: Instant::now(),
+            running: Arc::new(AtomicBool::new(false)),
+            closed: AtomicBool::new(false),
+            started: AtomicU64::new(0),
+            worker: Mutex::new(None),
+            policy: Mutex::new(Policy {
+                every: CHECK_EVERY,
+                extent_every: EXTENT_CHECK_EVERY,
+                min_garbage: MIN_GARBAGE,
+            }),
+            extent_files_seen: Arc::default(),
+        }
+    }
+
     /// Looks at `tenant`'s garbage if a look is due, and starts a collection if it warrants
-    /// one and none runs. Cheap when no look is due (one atomic load).
+    /// one and none runs. Cheap when no look is due (a few atomic loads).
     pub(crate) fn poke(&self, tenant: &Arc<Tenant>) {
+        let now_ms = self.start.elapsed().as_millis() as u64;
         let rolled = tenant.db().extent_files().rolled();
-        if rolled > self.extent_files_seen.load(Ordering::Relaxed)
-            && !self.running.load(Ordering::Acquire)
+        let closed_one = rolled > self.extent_files_seen.load(Ordering::Relaxed);
+        if self.running.load(Ordering::Acquire)
+            || !(closed_one
+                || now_ms >= self.next_extent_check_ms.load(Ordering::Relaxed)
+                || now_ms >= self.next_check_ms.load(Ordering::Relaxed))
         {
+            return;
+        }
+        let policy = *self.policy.lock().unwrap_or_else(|p| p.into_inner());
+        if closed_one || take_due(&self.next_extent_check_ms, now_ms, policy.extent_every) {
             self.extent_files_seen.store(rolled, Ordering::Relaxed);
-            let min_garbage =
-                EXTENT_GARBAGE_FACTOR * self.policy.lock().unwrap_or_else(|p| p.into_inner()).1;
-            self.start_worker(
-                tenant,
-                "tenantfs-extent-gc",
-                move |t| match collect_extent_files(t, min_garbage) {
-                    Ok(gone) if gone.files > 0 => tracing::info!(tenant = %t.info().name,
-                        files = gone.files, bytes = gone.bytes, "deleted unused extent files"),
+            self.next_extent_check_ms.store(
+                now_ms + policy.extent_every.as_millis() as u64,
+                Ordering::Relaxed,
+            );
+            // Streaming bulk writes close files: a collection stalls them a little (see
+            // EXTENT_GARBAGE_FACTOR). A quiet volume collects what is there.
+            let (min_garbage, occasion) = match closed_one {
+                true => (EXTENT_GARBAGE_FACTOR * policy.min_garbage, Occasion::Rolled),
+                false => (policy.min_garbage, Occasion::Quiet(policy.extent_every)),
+            };
+            let locks = Arc::clone(&self.locks);
+            let seen = Arc::clone(&self.extent_files_seen);
+            self.start_worker(tenant, "tenantfs-extent-gc", move |t| {
+                let collected = collect_extent_files(t, &locks, min_garbage, occasion);
+                // (A quiet collection closes the idle open file: no reason for another.)
+                seen.store(t.db().extent_files().rolled(), Ordering::Relaxed);
+                match collected {
+                    Ok(done) if done.moved > 0 || done.taken.files > 0 => {
+                        tracing::info!(tenant = %t.info().name, moved = done.moved,
+                            files = done.taken.files, bytes = done.taken.bytes,
+                            "collected extent files")
+                    }
                     Ok(_) => {}
                     Err(e) => tracing::warn!(tenant = %t.info().name, error = %e,
                         "extent file collection failed"),
-                },
-            );
+                }
+            });
             return;
         }
-        let now_ms = self.start.elapsed().as_millis() as u64;
-        let due = self.next_check_ms.load(Ordering::Relaxed);
-        if now_ms < due || self.running.load(Ordering::Acquire) {
+        if !take_due(&self.next_check_ms, now_ms, policy.every) {
             return;
         }
-        let (every, min_garbage) = *self.policy.lock().unwrap_or_else(|p| p.into_inner());
-        let next = now_ms + every.as_millis() as u64;
-        if self
-            .next_check_ms
-            .compare_exchange(due, next, Ordering::Relaxed, Ordering::Relaxed)
-            .is_err()
-        {
-            return; // another caller took this look
-        }
+        let min_garbage = policy.min_garbage;
         let space = tenant.db().blob_space();
         if !warranted(space, min_garbage) {
             return;
@@ -190,34 +233,20 @@ impl BlobGc {
     /// amount).
     #[cfg(test)]
     pub(crate) fn set_policy(&self, every: Duration, min_garbage: u64) {
-        *self.policy.lock().unwrap_or_else(|p| p.into_inner()) = (every, min_garbage);
+        let mut policy = self.policy.lock().unwrap_or_else(|p| p.into_inner());
+        (policy.every, policy.min_garbage) = (every, min_garbage);
         self.next_check_ms.store(0, Ordering::Relaxed);
     }
-}
 
-/// Deletes the extent files of `tenant` that no chunk value names (see the module's doc).
-pub(crate) fn collect_extent_files(
-    tenant: &Tenant,
-    min_garbage: u64,
-) -> Result<ExtentFileStats, StoreError> {
-    let db = tenant.db();
-    let files = db.extent_files();
-    let horizon = files.horizon();
-    let mut live: HashMap<u64, u64> = HashMap::new();
-    db.inline_values(Family::Extents, &[], &[0xff; 17], |k, v| {
-        if let (Some(ExtentKey::Chunk(_)), Some(Chunk::Stored(span))) =
-            (decode_extent_key(k), v.and_then(decode_chunk))
-        {
-            *live.entry(span.file).or_default() += u64::from(span.len);
-        }
-        true
-    })?;
-    if files.unnamed_before(horizon, &live)? < min_garbage {
-        return Ok(ExtentFileStats::default());
+    /// Sets how often to walk the extent files' chunks when none was closed (tests).
+    #[cfg(test)]
+    pub(crate) fn set_extent_every(&self, every: Duration) {
+        self.policy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extent_every = every;
+        self.next_extent_check_ms.store(0, Ordering::Relaxed);
     }
-    // What made them unnamed (overwrites, deletes, folds) may still be in a memtable only.
-    db.flush()?;
-    files.collect(horizon, &live)
 }
 
 #[cfg(test)]
@@ -282,56 +311,5 @@ mod tests {
             "{before:?} -> {after:?}"
         );
         assert!(vol.read(a, 0, len as u32).unwrap() == model);
-    }
-
-    /// A file rewritten whole in bulk writes leaves its old extent files unnamed: a collection
-    /// pools four of them (to be written again) and deletes the rest, changes no byte, and the
-    /// next files reuse the pooled ones. A file still named is left alone.
-    #[test]
-    fn unnamed_extent_files_are_pooled_or_deleted_and_named_ones_kept() {
-        let store = TestStore::new();
-        let vol = store.open();
-        let files = vol.tenant().db().extent_files();
-        files.set_roll_bytes(2 << 20);
-        let owner = Owner { uid: 0, gid: 0 };
-        let ino = vol
-            .mknod(ROOT_INO, b"f", FileKind::File, 0o644, owner, 0)
-            .unwrap()
-            .ino;
-        let len = 8usize << 20;
-        let mut model = Vec::new();
-        for round in 0..3u8 {
-            model = (0..len).map(|i| (i % 251) as u8 ^ round | 1).collect();
-            for at in (0..len).step_by(1 << 20) {
-                vol.write(ino, at as u64, &model[at..at + (1 << 20)])
-                    .unwrap();
-            }
-        }
-        vol.fsync().unwrap();
-        let before = vol.tenant().db().extent_file_stats();
-        assert!(before.files >= 12, "{before:?}");
-        let gone = collect_extent_files(vol.tenant(), 0).unwrap();
-        let after = vol.tenant().db().extent_file_stats();
-        // Round 3's 8 MiB is in 4-5 files (the last one open); rounds 1 and 2's are unnamed.
-        assert!(gone.files >= 7, "{gone:?}");
-        assert_eq!(
-            after.files,
-            before.files - (gone.files - 4),
-            "four pooled: {after:?}"
-        );
-        assert!(vol.read(ino, 0, len as u32).unwrap() == model);
-        // Nothing more to take; the pooled files come back as the next ones written.
-        assert_eq!(collect_extent_files(vol.tenant(), 0).unwrap().files, 0);
-        for at in (0..4usize << 20).step_by(1 << 20) {
-            vol.write(ino, at as u64, &model[at..at + (1 << 20)])
-                .unwrap();
-        }
-        vol.fsync().unwrap();
-        assert!(vol.read(ino, 0, len as u32).unwrap() == model);
-        assert_eq!(
-            vol.tenant().db().extent_file_stats().files,
-            after.files,
-            "pooled files reused"
-        );
     }
 }

@@ -11,6 +11,7 @@ mod blob_gc;
 mod chunk;
 mod codec;
 mod data;
+mod extent_gc;
 mod fold;
 mod graft;
 mod locks;
@@ -420,6 +421,7 @@ impl Volume {
         let inodes = Arc::new(InodeLocks::new());
         let chunk_blocks = chunk::chunk_blocks(block_size);
         let volume = Self {
+            blob_gc: blob_gc::BlobGc::new(Arc::clone(&inodes)),
             folds: Folds::new(
                 Arc::clone(&tenant),
                 Arc::clone(&inodes),
@@ -434,7 +436,6 @@ impl Volume {
             inodes,
             base: None,
             readahead: Readahead::default(),
-            blob_gc: blob_gc::BlobGc::default(),
         };
         if volume.db().get(Family::Meta, GRAFTING_KEY)?.is_some() {
             return Err(VolumeError::Incomplete {

@@ -3,7 +3,9 @@
 
 /// A fresh tenant in a temporary data dir, whose volume tests open (and open again).
 pub(crate) struct TestStore {
-    _tmp: tempfile::TempDir,
+    /// (None in a child process that opens its parent's store.)
+    _tmp: Option<tempfile::TempDir>,
+    root: std::path::PathBuf,
     data: crate::data_dir::DataDir,
     host: crate::store::StoreHost,
 }
@@ -13,16 +15,31 @@ impl TestStore {
         let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
         let root = tmp.path().join("data");
         crate::data_dir::DataDir::init(&root, None).unwrap();
-        let data = crate::data_dir::DataDir::open(&root, None).unwrap();
-        let host = crate::store::StoreHost::builder()
-            .block_cache_bytes(8 << 20)
-            .build();
-        crate::tenants::create(&data, &host, "t", None).unwrap();
+        let store = Self::at(&root, Some(tmp));
+        crate::tenants::create(&store.data, &store.host, "t", None).unwrap();
+        store
+    }
+
+    /// The store another `TestStore` made at `root` (a test's child process opens its
+    /// parent's store this way).
+    pub(crate) fn existing(root: &std::path::Path) -> Self {
+        Self::at(root, None)
+    }
+
+    fn at(root: &std::path::Path, tmp: Option<tempfile::TempDir>) -> Self {
         Self {
             _tmp: tmp,
-            data,
-            host,
+            root: root.to_owned(),
+            data: crate::data_dir::DataDir::open(root, None).unwrap(),
+            host: crate::store::StoreHost::builder()
+                .block_cache_bytes(8 << 20)
+                .build(),
         }
+    }
+
+    /// Its data dir.
+    pub(crate) fn root(&self) -> &std::path::Path {
+        &self.root
     }
 
     pub(crate) fn open(&self) -> super::Volume {
