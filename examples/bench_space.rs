@@ -3,10 +3,12 @@
 //! back"; bulk writes go to extent files, random 4 KiB writes are folded into chunks that
 //! leave the extent files partly or wholly unnamed.)
 //!
-//! Two scenarios, each on host ext4 and on a tenant of its own served by one daemon, side by
+//! Three scenarios, each on host ext4 and on a tenant of its own served by one daemon, side by
 //! side: a 1 GiB file written with 1 MiB writes and fsynced, then SECONDS of 4 KiB random
-//! direct writes over (a) the whole file, (b) its first 700 MiB. Then the file is left alone
-//! but for an fsync every 5 s (collections start on a request) for WAIT seconds. Reported:
+//! writes (QD1) over (a) the whole file (fio, direct), (b) its first 700 MiB (fio, direct),
+//! (c) three 64 KiB chunks of every four (pwrite, then an fsync): every extent file keeps a
+//! quarter of its chunks. Then the file is left alone but for an fsync every 5 s
+//! (collections start on a request) for WAIT seconds. Reported:
 //! the directory's bytes on disk (`du`-like: allocated blocks) per byte of file, after the
 //! bulk write, right after the random writes and at the end, and the ratio to ext4.
 //!
@@ -15,9 +17,10 @@
 
 mod common;
 use common::daemon::{enable_fuse_uring, run, Daemon};
+use common::Rng;
 
 use std::fs;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -46,27 +49,59 @@ fn fio(file: &Path, args: &[&str]) {
         .args(args));
 }
 
-/// Disk bytes per file byte of `store` after the bulk write, after the random writes over
-/// `range` for `seconds`, and after `wait` seconds of fsyncs every 5 s.
-fn scenario(file: &Path, store: &Path, range: &str, seconds: u32, wait: u64) -> [f64; 3] {
+/// Where the random writes go.
+#[derive(Clone, Copy)]
+enum Rewrite {
+    /// fio randwrite, direct, over the first this many bytes (a fio size).
+    Range(&'static str),
+    /// 4 KiB writes into the chunks (64 KiB) not a multiple of 4.
+    ThreeChunksInFour,
+}
+
+fn rewrite(file: &Path, how: Rewrite, seconds: u32) {
+    match how {
+        Rewrite::Range(range) => fio(
+            file,
+            &[
+                "--rw=randwrite",
+                "--bs=4k",
+                "--direct=1",
+                "--io_size=100G",
+                &format!("--size={range}"),
+                &format!("--runtime={seconds}"),
+                "--time_based",
+            ],
+        ),
+        Rewrite::ThreeChunksInFour => {
+            let f = fs::OpenOptions::new().write(true).open(file).unwrap();
+            let mut rng = Rng::new(7);
+            let block = vec![0xa5u8; 4096];
+            let chunks = FILE >> 16;
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_secs(seconds.into()) {
+                for _ in 0..256 {
+                    let chunk = rng.below(chunks);
+                    if !chunk.is_multiple_of(4) {
+                        let at = (chunk << 16) + (rng.below(16) << 12);
+                        f.write_at(&block, at).unwrap();
+                    }
+                }
+            }
+            f.sync_all().unwrap();
+        }
+    }
+}
+
+/// Disk bytes per file byte of `store` after the bulk write, after the random writes
+/// (`how`, for `seconds`), and after `wait` seconds of fsyncs every 5 s.
+fn scenario(file: &Path, store: &Path, how: Rewrite, seconds: u32, wait: u64) -> [f64; 3] {
     let per_byte = || allocated(store) as f64 / FILE as f64;
     fio(
         file,
         &["--size=1G", "--rw=write", "--bs=1M", "--end_fsync=1"],
     );
     let written = per_byte();
-    fio(
-        file,
-        &[
-            "--rw=randwrite",
-            "--bs=4k",
-            "--direct=1",
-            "--io_size=100G",
-            &format!("--size={range}"),
-            &format!("--runtime={seconds}"),
-            "--time_based",
-        ],
-    );
+    rewrite(file, how, seconds);
     let rewritten = per_byte();
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(wait) {
@@ -86,25 +121,28 @@ fn main() {
         .tempdir_in("/var/tmp")
         .unwrap();
     let daemon = Daemon::start(&tmp.path().join("daemon"), "whole");
-    run(&mut daemon.cli(&["tenant", "create", "part"]));
+    for tenant in ["part", "strided"] {
+        run(&mut daemon.cli(&["tenant", "create", tenant]));
+    }
     let stores = tmp.path().join("daemon/data/tenants");
     println!(
         "disk bytes per file byte: 1 GiB file written in 1 MiB writes + fsync, then {seconds} s \
-         of 4 KiB random direct writes, then {wait} s with an fsync every 5 s"
+         of 4 KiB random writes, then {wait} s with an fsync every 5 s"
     );
     println!("| random writes over | fs | after bulk write | after random writes | at the end | ratio to ext4 at the end |");
     println!("|---|---|---:|---:|---:|---:|");
-    for (tenant, range, label) in [
-        ("whole", "1G", "the whole file"),
-        ("part", "700M", "its first 700 MiB"),
+    for (tenant, how, label) in [
+        ("whole", Rewrite::Range("1G"), "the whole file"),
+        ("part", Rewrite::Range("700M"), "its first 700 MiB"),
+        ("strided", Rewrite::ThreeChunksInFour, "3 chunks in 4"),
     ] {
         let ext4 = tmp.path().join(format!("ext4-{tenant}"));
         fs::create_dir_all(&ext4).unwrap();
-        let e = scenario(&ext4.join("f"), &ext4, range, seconds, 0);
+        let e = scenario(&ext4.join("f"), &ext4, how, seconds, 0);
         let mnt = tmp.path().join(format!("mnt-{tenant}"));
         fs::create_dir_all(&mnt).unwrap();
         daemon.mount(tenant, &mnt, "uring");
-        let t = scenario(&mnt.join("f"), &stores.join(tenant), range, seconds, wait);
+        let t = scenario(&mnt.join("f"), &stores.join(tenant), how, seconds, wait);
         daemon.umount(&mnt);
         for (fs_name, r) in [("ext4", e), ("tenantfs", t)] {
             println!(
