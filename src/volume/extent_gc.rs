@@ -251,11 +251,10 @@ mod tests {
         );
     }
 
-    /// Two files written in turns share extent files; one deleted leaves each a third named.
-    /// Below its threshold a collection moves nothing; above it, the live chunks move to new
-    /// files, the old ones are taken, the kept file reads the same (before and after a
-    /// reopen), and the extent files hold little more than it. A chunk changed after the
-    /// walk (here: one a write replaced) is not moved back over its new value.
+    /// Two files written in turns share extent files; one deleted leaves each a third named
+    /// (`write_sparse`). Below its threshold a collection moves nothing; above it, the live
+    /// chunks move to new files, the old ones are taken, the kept file reads the same (before
+    /// and after a reopen), and the extent files hold little more than it.
     #[test]
     fn live_chunks_of_mostly_garbage_files_move_and_their_files_go() {
         let store = TestStore::new();
@@ -263,18 +262,8 @@ mod tests {
         let keep: Vec<u8> = (0..len).map(|i| (i % 253) as u8 | 1).collect();
         {
             let vol = store.open();
-            let files = vol.tenant().db().extent_files();
-            files.set_roll_bytes(3 << 20);
-            let (a, b) = (file(&vol, b"keep"), file(&vol, b"drop"));
-            let drop = vec![0x5a; 2 << 20];
-            for at in (0..len).step_by(1 << 20) {
-                vol.write(a, at as u64, &keep[at..at + (1 << 20)]).unwrap();
-                vol.write(b, 2 * at as u64, &drop).unwrap();
-            }
-            vol.fsync().unwrap();
-            vol.unlink(ROOT_INO, b"drop").unwrap();
-            vol.forget(b).unwrap();
-            vol.fsync().unwrap();
+            write_sparse(&vol, &keep);
+            let a = vol.lookup(ROOT_INO, b"keep").unwrap().ino;
             let before = vol.tenant().db().extent_file_stats();
             assert!(before.bytes >= 3 * len as u64, "{before:?}");
             let none = collect(&vol, 64 << 20);
@@ -289,7 +278,7 @@ mod tests {
             assert!(vol.read(a, 0, len as u32).unwrap() == keep);
             let after = vol.tenant().db().extent_file_stats();
             // What is left: `keep` (moved, or in the once-open file), that file's share of
-            // `drop`, and the four pooled files.
+            // the junk, and the four pooled files.
             let pooled = 4 * (3 << 20);
             assert!(
                 after.bytes <= len as u64 + (3 << 20) + pooled + (1 << 20),
