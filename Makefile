@@ -45,6 +45,8 @@ test: deps
 	@p=/sys/module/fuse/parameters/enable_uring; if [ -e $$p ] && [ "$$(cat $$p)" != Y ]; then \
 	  echo "enabling FUSE over io_uring: echo Y > $$p"; echo Y > $$p || sudo sh -c "echo Y > $$p"; fi
 	@$(FUSE_PAGES)
+	@# (tee opens its file before cargo makes the target dir: a fresh machine has none yet.)
+	@mkdir -p $(CARGO_TARGET_DIR)
 	@set -o pipefail; $(CARGO) test --release --lib --bins --tests 2>&1 | tee $(CARGO_TARGET_DIR)/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "all tests: %d passed, %d failed\n", p, f }' $(CARGO_TARGET_DIR)/test.log
 

@@ -21,9 +21,9 @@ pub use pack::{PackIo, PreadIo};
 pub use reader::{BaseBlockReader, PackReader};
 pub use store::{
     BaseInfo, BaseList, BaseRecord, BaseState, BaseStore, GcReport, HostTotals, Progress,
-    SourceKind, VerifyReport,
+    VerifyReport,
 };
-pub use tree::{EntryKind, TreeEntry};
+pub use tree::{EntryKind, SourceKind, TreeEntry};
 pub use uring::UringIo;
 
 use std::path::{Path, PathBuf};

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::index::{self, BlockRecord};
 use super::pack::{aligned, Pack, MAX_SLOTS};
 use super::reader::{encode_ref, PackReader};
-use super::tree::{walk, EntryKind, TreeEntry};
+use super::tree::{walk, EntryKind, SourceKind, TreeEntry};
 use super::{BaseError, BlockHash};
 use crate::crypto::TenantKey;
 use crate::data_dir::DataDir;
@@ -35,15 +35,6 @@ pub enum BaseState {
     Ready,
     /// Being deleted; finished at the next open if interrupted.
     Deleting,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SourceKind {
-    /// A directory tree.
-    Tree,
-    /// A raw disk image: the base's tree is that one file.
-    Image,
 }
 
 /// What the index keeps about a base.

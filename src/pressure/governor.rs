@@ -42,7 +42,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use serde::Serialize;
 
 use super::signals::{self, CgroupMemory, CgroupState, MemInfo, PsiPair};
-use super::watch::{Watch, WatchConfig};
+use super::watch::{Triggers, Watch, WatchConfig};
 
 const MIB: u64 = 1 << 20;
 
@@ -92,31 +92,6 @@ impl Default for PolicyConfig {
             grow_step_min: 64 * MIB,
             grow_step_divisor: 8,
             shrink_divisor: 4,
-        }
-    }
-}
-
-/// Event-style signals that fired since the last tick.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Triggers {
-    /// The /proc/pressure/memory trigger.
-    pub host_psi: bool,
-    /// The v2 cgroup's memory.pressure trigger.
-    pub cgroup_psi: bool,
-    /// A v1 memory.pressure_level `medium` event.
-    pub v1_pressure_level: bool,
-}
-
-impl Triggers {
-    pub fn any(&self) -> bool {
-        self.host_psi || self.cgroup_psi || self.v1_pressure_level
-    }
-
-    fn merge(self, o: Triggers) -> Triggers {
-        Triggers {
-            host_psi: self.host_psi || o.host_psi,
-            cgroup_psi: self.cgroup_psi || o.cgroup_psi,
-            v1_pressure_level: self.v1_pressure_level || o.v1_pressure_level,
         }
     }
 }

@@ -16,6 +16,6 @@ mod watch;
 
 pub use governor::{
     CacheBudget, Decision, Governor, GovernorConfig, GovernorStats, Policy, PolicyConfig, Sample,
-    Triggers,
 };
 pub use signals::{CgroupMemory, CgroupState, MemInfo, Psi, PsiPair};
+pub use watch::Triggers;

@@ -23,8 +23,32 @@ use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 
-use super::governor::Triggers;
 use super::signals::CgroupMemory;
+
+/// Event-style signals that fired since the last tick.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Triggers {
+    /// The /proc/pressure/memory trigger.
+    pub host_psi: bool,
+    /// The v2 cgroup's memory.pressure trigger.
+    pub cgroup_psi: bool,
+    /// A v1 memory.pressure_level `medium` event.
+    pub v1_pressure_level: bool,
+}
+
+impl Triggers {
+    pub fn any(&self) -> bool {
+        self.host_psi || self.cgroup_psi || self.v1_pressure_level
+    }
+
+    pub(crate) fn merge(self, o: Triggers) -> Triggers {
+        Triggers {
+            host_psi: self.host_psi || o.host_psi,
+            cgroup_psi: self.cgroup_psi || o.cgroup_psi,
+            v1_pressure_level: self.v1_pressure_level || o.v1_pressure_level,
+        }
+    }
+}
 
 pub(crate) struct WatchConfig {
     pub psi_triggers: bool,
