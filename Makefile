@@ -53,6 +53,7 @@ test: deps
 lint: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --all-targets -- -D warnings
+	python3 tools/module_cycles.py src
 
 bench: build
 	@$(FUSE_PAGES)

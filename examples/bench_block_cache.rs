@@ -1,6 +1,6 @@
 //! Three caches of 4 KiB blocks, same keys, same budget, in one run:
 //!   - tenantfs `BlockCache`: foyer S3-FIFO, values in slab slots;
-//!   - RocksDB's LRU cache on the same slab allocator (`store::RocksBlockCache`, raw entries);
+//!   - RocksDB's LRU cache on the same slab allocator (`cache::RocksBlockCache`, raw entries);
 //!   - foyer's in-memory cache holding `Vec<u8>` (S3-FIFO, 8 shards, glibc malloc): the default
 //!     allocator.
 //!
@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use foyer_memory::{Cache, CacheBuilder, S3FifoConfig};
 use nix::sys::resource::{getrusage, UsageWho};
+use tenantfs::cache::RocksBlockCache;
 use tenantfs::cache::{BlockCache, BlockHash, HostCache, SlabAllocator};
-use tenantfs::store::RocksBlockCache;
 
 const BLOCK: usize = 4096;
 /// Hit test: 64 MiB of blocks under a 256 MiB budget. RocksDB's raw entries carry an 8-byte

@@ -6,10 +6,8 @@ use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
-use tenantfs::cache::{BlockCache, SlabAllocator, SlabBox};
-use tenantfs::store::{
-    DirectIo, Encryption, Family, OpenMode, RocksBlockCache, StoreHost, TenantDb,
-};
+use tenantfs::cache::{BlockCache, RocksBlockCache, SlabAllocator, SlabBox};
+use tenantfs::store::{DirectIo, Encryption, Family, OpenMode, StoreHost, TenantDb};
 
 /// RSS is per process: tests in this file run one at a time so none disturbs another's reading.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());

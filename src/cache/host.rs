@@ -11,9 +11,8 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::store::{RocksBlockCache, RocksBlockCacheStats};
-
 use super::blocks::{BlockCache, BlockCacheStats};
+use super::rocks::{RocksBlockCache, RocksBlockCacheStats};
 use super::slab::{SlabAllocator, SlabStats};
 
 /// Numbers for `tenantfs cache stats`.

@@ -4,16 +4,21 @@
 //! so a cache that shrinks shrinks the process (RSS), unlike one built on malloc.
 //! `blocks`: the host cache of decoded blocks keyed by content hash, on foyer's S3-FIFO cache
 //! with slab-owned values.
-//! `host`: the one budget over both host caches (that and the RocksDB block cache, whose blocks
-//! live in the same slabs, see `store::RocksBlockCache`).
+//! `rocks`: the RocksDB block cache that every tenant store shares, its blocks in the same
+//! slabs (`rocks_lru`: its raw handles, built by the store's C++ shim).
+//! `host`: the one budget over both host caches.
 
 pub mod blocks;
 pub mod host;
 pub mod malloc;
+pub mod rocks;
+mod rocks_lru;
 pub mod slab;
 
 pub use blocks::{BlockCache, BlockCacheBuilder, BlockCacheStats, BlockHash, BlockRef, CacheError};
 pub use host::{HostCache, HostCacheStats};
+pub use rocks::{RocksBlockCache, RocksBlockCacheStats};
+pub(crate) use rocks_lru::SlabLruCache;
 pub use slab::{SlabAllocator, SlabBox, SlabStats, SLAB_SIZE};
 
 /// This process's resident set size in bytes (the `Rss:` line of /proc/self/smaps_rollup):

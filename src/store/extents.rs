@@ -23,9 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use super::block_cache::RocksBlockCache;
 use super::extent_io::{AlignedBuf, Appender, EnvPtr, Reader, ALIGN};
 use super::StoreError;
+use crate::cache::RocksBlockCache;
 
 /// An extent file is closed and a new one started past this size.
 const ROLL_BYTES: u64 = 256 << 20;

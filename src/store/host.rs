@@ -13,8 +13,8 @@ use rocksdb::{DBCompressionType, LogLevel, Options};
 
 use crate::cache::SlabAllocator;
 
-use super::block_cache::RocksBlockCache;
 use super::ffi::{CacheChargedWriteBuffers, TableSettings};
+use crate::cache::RocksBlockCache;
 
 /// Disk a store's WAL is extended by at a time (at most this much is allocated ahead).
 pub const WAL_PREALLOCATION_STEP: usize = 256 << 10;

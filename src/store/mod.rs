@@ -6,7 +6,6 @@
 //! ([`StoreHost`]), and read and write with O_DIRECT where the filesystem allows it
 //! (`direct_io`).
 
-mod block_cache;
 pub mod direct_io;
 mod extent_io;
 mod extents;
@@ -18,7 +17,6 @@ mod tenant_db;
 
 use std::path::{Path, PathBuf};
 
-pub use block_cache::{RocksBlockCache, RocksBlockCacheStats};
 pub(crate) use extent_io::ALIGN as EXTENT_ALIGN;
 pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan};
 pub use health::StoreState;

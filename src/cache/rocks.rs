@@ -8,9 +8,8 @@
 
 use std::sync::Arc;
 
-use crate::cache::slab::{AddressedSlabs, SlabAllocator};
-
-use super::ffi::SlabLruCache;
+use super::rocks_lru::SlabLruCache;
+use super::slab::{AddressedSlabs, SlabAllocator};
 
 /// Counters and sizes of a [`RocksBlockCache`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
