@@ -1,5 +1,7 @@
 //! The `tenantfs` command line: parses arguments, then calls one function per command.
 
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

@@ -224,9 +224,9 @@ fn unmap(ptr: NonNull<u8>, len: usize) {
 fn dont_need(ptr: NonNull<u8>, len: usize) {
     // SAFETY: `ptr..ptr+len` is a page-aligned free slot inside a live mapping; no SlabBox
     // refers to it, and MADV_DONTNEED on private anonymous memory only makes it read as zeros.
-    if let Err(e) =
-        unsafe { nix::sys::mman::madvise(ptr.cast::<c_void>(), len, MmapAdvise::MADV_DONTNEED) }
-    {
+    let advised =
+        unsafe { nix::sys::mman::madvise(ptr.cast::<c_void>(), len, MmapAdvise::MADV_DONTNEED) };
+    if let Err(e) = advised {
         tracing::error!(error = %e, len, "madvise(DONTNEED) failed");
     }
 }
