@@ -11,11 +11,11 @@
 //! memory cgroup (v1 on this test machine, v2 on production hosts) and /proc/meminfo.
 
 mod governor;
+mod policy;
 pub mod signals;
 mod watch;
 
-pub use governor::{
-    CacheBudget, Decision, Governor, GovernorConfig, GovernorStats, Policy, PolicyConfig, Sample,
-};
+pub use governor::{CacheBudget, Governor, GovernorConfig, GovernorStats};
+pub use policy::{Decision, Policy, PolicyConfig, Sample};
 pub use signals::{CgroupMemory, CgroupState, MemInfo, Psi, PsiPair};
 pub use watch::Triggers;
