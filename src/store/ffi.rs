@@ -172,6 +172,19 @@ pub(crate) fn delete_orphan_blob_files(db: &rocksdb::DB) -> Result<(u32, u64), S
     }
 }
 
+/// Calls `f` with the store health a listener callback passes (nothing when null); no panic
+/// leaves the extern "C" function (it would abort the process). A panic in `f` leaves nothing
+/// half-changed that the store reads: unwind-safe.
+fn with_health(health: *const c_void, f: impl FnOnce(&StoreHealth)) {
+    if health.is_null() {
+        return;
+    }
+    // SAFETY: the shim's listener passes the count it holds (handed over by
+    // `add_health_listener`, released only with the listener), so the value is alive.
+    let health = unsafe { &*health.cast::<StoreHealth>() };
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(health)));
+}
+
 #[no_mangle]
 extern "C" fn tenantfs_store_stopped(
     health: *const c_void,
@@ -179,43 +192,24 @@ extern "C" fn tenantfs_store_stopped(
     detail: *const c_char,
     len: usize,
 ) {
-    if health.is_null() || detail.is_null() {
+    if detail.is_null() {
         return;
     }
-    // SAFETY: the shim's listener passes the count it holds (handed over by
-    // `add_health_listener`, released only with the listener, so the value is alive) and a
-    // buffer of `len` bytes that stays alive for the call.
-    let (health, detail) = unsafe {
-        (
-            &*health.cast::<StoreHealth>(),
-            std::slice::from_raw_parts(detail.cast::<u8>(), len),
-        )
-    };
-    // No panic may leave an extern "C" function: it would abort the process.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        health.stopped(no_space != 0, &String::from_utf8_lossy(detail));
-    }));
+    // SAFETY: the shim passes a buffer of `len` bytes that stays alive for the call.
+    let detail = unsafe { std::slice::from_raw_parts(detail.cast::<u8>(), len) };
+    with_health(health, |h| {
+        h.stopped(no_space != 0, &String::from_utf8_lossy(detail))
+    });
 }
 
 #[no_mangle]
 extern "C" fn tenantfs_store_resumed(health: *const c_void) {
-    if health.is_null() {
-        return;
-    }
-    // SAFETY: as in `tenantfs_store_stopped`: the listener's own count keeps it alive.
-    let health = unsafe { &*health.cast::<StoreHealth>() };
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| health.resumed()));
+    with_health(health, StoreHealth::resumed);
 }
 
 #[no_mangle]
 extern "C" fn tenantfs_store_flush_begins(health: *const c_void) {
-    if health.is_null() {
-        return;
-    }
-    // SAFETY: as in `tenantfs_store_stopped`: the listener's own count keeps it alive.
-    let health = unsafe { &*health.cast::<StoreHealth>() };
-    // (A panic in the barrier leaves nothing half-changed that the store reads: unwind-safe.)
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| health.flush_begins()));
+    with_health(health, StoreHealth::flush_begins);
 }
 
 #[no_mangle]

@@ -375,9 +375,16 @@ mod tests {
             let store = TestStore::existing(std::path::Path::new(&root));
             let vol = store.open();
             vol.tenant().db().extent_files().set_roll_bytes(3 << 20);
-            println!("MOVE start");
+            // (The parent reads where the child is from its stdout, as the other kill -9
+            // tests' children report.)
+            let say = |line: String| {
+                use std::io::Write;
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+            };
+            say("MOVE start".into());
             let done = collect(&vol, 0);
-            println!("MOVE done {done:?}");
+            say(format!("MOVE done {done:?}"));
             return;
         }
         let store = TestStore::new();
