@@ -32,7 +32,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use common::tenantfs_bin;
-use tenantfs::control::{self, Request};
+use tenantfs::control::{Client, Reply, Request};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
@@ -161,8 +161,10 @@ impl Bench {
         );
     }
 
-    fn request(&self, req: &Request) -> serde_json::Value {
-        control::request(&self.socket, req).unwrap_or_else(|e| panic!("{req:?}: {e}"))
+    fn request(&self, req: &Request) -> Reply {
+        Client::new(&self.socket)
+            .call(req)
+            .unwrap_or_else(|e| panic!("{req:?}: {e}"))
     }
 
     fn pid(&self) -> u32 {
@@ -249,7 +251,7 @@ fn main() {
         .expect("start daemon");
     b.daemon = Some(daemon);
     let start = Instant::now();
-    while control::request(&b.socket, &Request::Stats).is_err() {
+    while Client::new(&b.socket).stats().is_err() {
         assert!(start.elapsed() < Duration::from_secs(30), "daemon not up");
         sleep(Duration::from_millis(20));
     }

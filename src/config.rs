@@ -1,82 +1,18 @@
-//! The TOML config file and byte sizes as people write them ("512M", "2G").
+//! The TOML config file: plain data, parsed and checked; the serving host ([`crate::host`])
+//! builds the runtime objects it describes.
 //!
 //! Unknown keys are errors (a typo must not silently fall back to a default), and every error
 //! carries the file and line.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
-use crate::cache::HostCache;
-use crate::pressure::GovernorConfig;
-use crate::store::{DirectIo, StoreHost};
+use crate::store::DirectIo;
+use crate::units::ByteSize;
 
 /// Where the config is read from when `--config` is not given (absent is fine).
 pub const DEFAULT_PATH: &str = "/etc/tenantfs/tenantfs.toml";
-
-/// A byte count parsed from `4096`, `64K`, `512M`, `2G`, `1T` (binary units; `KiB`/`KB` too).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ByteSize(pub u64);
-
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "invalid size {0:?}: write a number of bytes with an optional K, M, G or T suffix, e.g. 512M"
-)]
-pub struct SizeError(String);
-
-impl FromStr for ByteSize {
-    type Err = SizeError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || SizeError(s.to_owned());
-        let t = s.trim();
-        let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-        let (num, unit) = t.split_at(digits);
-        let n: u64 = num.parse().map_err(|_| err())?;
-        let shift = match unit.trim().to_ascii_uppercase().as_str() {
-            "" | "B" => 0,
-            "K" | "KB" | "KIB" => 10,
-            "M" | "MB" | "MIB" => 20,
-            "G" | "GB" | "GIB" => 30,
-            "T" | "TB" | "TIB" => 40,
-            _ => return Err(err()),
-        };
-        n.checked_mul(1 << shift).map(ByteSize).ok_or_else(err)
-    }
-}
-
-impl fmt::Display for ByteSize {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: [(&str, u64); 4] = [
-            ("T", 1 << 40),
-            ("G", 1 << 30),
-            ("M", 1 << 20),
-            ("K", 1 << 10),
-        ];
-        for (name, size) in UNITS {
-            if self.0 >= size && self.0.is_multiple_of(size) {
-                return write!(f, "{}{name}", self.0 / size);
-            }
-        }
-        write!(f, "{}", self.0)
-    }
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(ByteSize(n)),
-            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
-        }
-    }
-}
 
 /// The whole config file.
 #[derive(Debug, Default, Deserialize)]
@@ -238,51 +174,11 @@ impl Config {
         }
         Ok(config)
     }
-
-    /// The host cache this config describes.
-    pub fn host_cache(&self) -> HostCache {
-        HostCache::new(self.cache.budget.0)
-    }
-
-    /// The governor settings, or `None` when it is turned off.
-    pub fn governor(&self) -> Option<GovernorConfig> {
-        self.pressure.governor.then(|| GovernorConfig {
-            interval: std::time::Duration::from_millis(self.pressure.interval_ms),
-            ..GovernorConfig::default()
-        })
-    }
-
-    /// The shared store resources this config describes, on `cache`'s RocksDB cache (or on a
-    /// small cache of their own, for commands that only create or check a store).
-    pub fn store_host(&self, cache: Option<&HostCache>) -> StoreHost {
-        let builder = StoreHost::builder()
-            .write_buffer_bytes(self.store.write_buffers.0 as usize)
-            .direct_io(self.store.direct_io);
-        match cache {
-            Some(c) => builder.block_cache(c.rocksdb().clone()),
-            None => builder.block_cache_bytes(32 << 20),
-        }
-        .build()
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!("4096".parse::<ByteSize>().unwrap().0, 4096);
-        assert_eq!("64K".parse::<ByteSize>().unwrap().0, 65536);
-        assert_eq!("512M".parse::<ByteSize>().unwrap().0, 512 << 20);
-        assert_eq!("2G".parse::<ByteSize>().unwrap().0, 2 << 30);
-        assert_eq!("2GiB".parse::<ByteSize>().unwrap().0, 2 << 30);
-        for bad in ["", "G", "1.5G", "12Q", "-1", "99999999999T"] {
-            assert!(bad.parse::<ByteSize>().is_err(), "{bad}");
-        }
-        assert_eq!(ByteSize(512 << 20).to_string(), "512M");
-        assert_eq!(ByteSize(1000).to_string(), "1000");
-    }
 
     #[test]
     fn config_parse_and_errors() {
@@ -294,10 +190,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.cache.budget.0, 1 << 30);
         assert_eq!(c.store.direct_io, DirectIo::Off);
-        assert_eq!(
-            c.governor().unwrap().interval,
-            std::time::Duration::from_millis(200)
-        );
+        assert_eq!(c.pressure.interval_ms, 200);
         let e = Config::parse("[cache]\n\nbudgt = \"1G\"\n", p).unwrap_err();
         assert!(matches!(e, ConfigError::Parse { line: 3, .. }), "{e}");
         let e = Config::parse("[cache]\nbudget = \"lots\"\n", p).unwrap_err();
@@ -323,9 +216,11 @@ mod tests {
             Config::parse("[[mount]]\ntenant = \"a\"\n", p).is_err(),
             "mountpoint missing"
         );
-        assert!(Config::parse("[pressure]\ngovernor = false\n", p)
-            .unwrap()
-            .governor()
-            .is_none());
+        assert!(
+            !Config::parse("[pressure]\ngovernor = false\n", p)
+                .unwrap()
+                .pressure
+                .governor
+        );
     }
 }

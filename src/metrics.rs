@@ -5,12 +5,15 @@
 //! renders them, with the host cache's and governor's numbers, in the Prometheus text format
 //! on a loopback address (`[metrics] listen`), and `tenantfs stats` shows them as a table.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
 
 /// Operation kinds counted per mount.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,6 +62,26 @@ struct OpCounters {
     buckets: [AtomicU64; BUCKETS + 1],
 }
 
+/// One operation kind's numbers in a [`MountActivity`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpSummary {
+    pub calls: u64,
+    pub errors: u64,
+    /// Upper bounds of the latency buckets holding the median and the 99th percentile.
+    pub p50_us_le: u64,
+    pub p99_us_le: u64,
+}
+
+/// What one mount has done: operations by kind (those called at least once) and bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountActivity {
+    pub ops: BTreeMap<String, OpSummary>,
+    pub read_bytes: u64,
+    pub written_bytes: u64,
+    /// Requests answered over FUSE's io_uring (the rest came over /dev/fuse).
+    pub ring_requests: u64,
+}
+
 /// The counters of one mount.
 #[derive(Default)]
 pub struct MountMetrics {
@@ -103,9 +126,9 @@ impl MountMetrics {
         self.ring_requests.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// A JSON summary: per op calls, errors, p50/p99 upper bounds in microseconds; bytes.
-    pub fn summary(&self) -> serde_json::Value {
-        let mut ops = serde_json::Map::new();
+    /// A summary: per op calls, errors, p50/p99 upper bounds in microseconds; bytes.
+    pub fn summary(&self) -> MountActivity {
+        let mut ops = BTreeMap::new();
         for op in Op::ALL {
             let c = &self.ops[op as usize];
             let calls = c.calls.load(Ordering::Relaxed);
@@ -130,21 +153,21 @@ impl MountMetrics {
                 1 << (BUCKETS + 1)
             };
             ops.insert(
-                op.name().into(),
-                serde_json::json!({
-                    "calls": calls,
-                    "errors": c.errors.load(Ordering::Relaxed),
-                    "p50_us_le": pct(0.5),
-                    "p99_us_le": pct(0.99),
-                }),
+                op.name().to_owned(),
+                OpSummary {
+                    calls,
+                    errors: c.errors.load(Ordering::Relaxed),
+                    p50_us_le: pct(0.5),
+                    p99_us_le: pct(0.99),
+                },
             );
         }
-        serde_json::json!({
-            "ops": ops,
-            "read_bytes": self.read_bytes.load(Ordering::Relaxed),
-            "written_bytes": self.written_bytes.load(Ordering::Relaxed),
-            "ring_requests": self.ring_requests.load(Ordering::Relaxed),
-        })
+        MountActivity {
+            ops,
+            read_bytes: self.read_bytes.load(Ordering::Relaxed),
+            written_bytes: self.written_bytes.load(Ordering::Relaxed),
+            ring_requests: self.ring_requests.load(Ordering::Relaxed),
+        }
     }
 
     /// Appends this mount's series, labelled with `tenant`.
@@ -278,8 +301,9 @@ mod tests {
         assert!(out.contains("tenantfs_op_latency_seconds_count{tenant=\"alice\",op=\"read\"} 2"));
         assert!(out.contains("tenantfs_read_bytes_total{tenant=\"alice\"} 4096"));
         let s = m.summary();
-        assert_eq!(s["ops"]["read"]["calls"], 2);
-        assert!(s["ops"].get("write").is_none());
+        assert_eq!(s.ops["read"].calls, 2);
+        assert_eq!(s.ops["read"].errors, 1);
+        assert!(!s.ops.contains_key("write"));
     }
 
     #[test]

@@ -132,11 +132,25 @@ fn cache_commands_act_on_the_serving_process() {
 
 #[test]
 fn control_socket_refuses_other_users() {
-    use tenantfs::control::{cache_handler, request, Request, Server};
+    use tenantfs::control::{Client, Server};
+    use tenantfs::host::{Role, ServingHost};
     let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
     let path = tmp.path().join("run").join("t.sock");
-    let cache = Arc::new(tenantfs::cache::HostCache::new(64 << 20));
-    let server = Server::start(&path, cache_handler(cache, None, "test".into())).unwrap();
+    // A real serving host (data dir, key, host cache, governor) answers on the socket.
+    let host = |budget: &str| {
+        let root = tmp.path().join(format!("data-{budget}"));
+        tenantfs::data_dir::DataDir::init(&root, None).unwrap();
+        let data = tenantfs::data_dir::DataDir::open(&root, None).unwrap();
+        let config = tenantfs::config::Config::parse(
+            &format!("[cache]\nbudget = \"{budget}\"\n"),
+            Path::new("t.toml"),
+        )
+        .unwrap();
+        let host = Arc::new(ServingHost::start(data, &config, Role::Daemon).unwrap());
+        let handler: tenantfs::control::Handler = Arc::new(move |req| host.handle(req));
+        handler
+    };
+    let server = Server::start(&path, host("64M")).unwrap();
     let mode = |p: &Path| {
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions())
             & 0o777
@@ -144,30 +158,21 @@ fn control_socket_refuses_other_users() {
     assert_eq!(mode(&path), 0o600);
     assert_eq!(mode(path.parent().unwrap()), 0o700);
     // Root is served.
-    let v = request(&path, &Request::CacheStats).unwrap();
-    assert_eq!(v["budget_bytes"].as_u64(), Some(64 << 20));
+    let client = Client::new(&path);
+    assert_eq!(client.cache_stats().unwrap().cache.budget_bytes, 64 << 20);
     // Open the file modes so that only the peer-credential check stands in the way.
     for p in [tmp.path(), path.parent().unwrap(), &path] {
         std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
     }
     let out = request_as_nobody(&path, r#"{"op":"cache_budget","bytes":1}"#);
     assert!(out.contains("permission denied"), "{out}");
-    let v = request(&path, &Request::CacheStats).unwrap();
     assert_eq!(
-        v["budget_bytes"].as_u64(),
-        Some(64 << 20),
+        client.cache_stats().unwrap().cache.budget_bytes,
+        64 << 20,
         "a refused request changed nothing"
     );
     // A second server on a live socket is refused; after drop the socket is gone.
-    assert!(Server::start(
-        &path,
-        cache_handler(
-            Arc::new(tenantfs::cache::HostCache::new(16 << 20)),
-            None,
-            "x".into()
-        )
-    )
-    .is_err());
+    assert!(Server::start(&path, host("16M")).is_err());
     drop(server);
     assert!(!path.exists());
 }

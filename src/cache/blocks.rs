@@ -29,7 +29,7 @@ pub enum CacheError {
 }
 
 /// Counters of the block cache.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct BlockCacheStats {
     pub budget_bytes: u64,
     /// Bytes of cached blocks (slot sizes), as the cache weighs them.

@@ -16,7 +16,7 @@ use super::rocks::{RocksBlockCache, RocksBlockCacheStats};
 use super::slab::{SlabAllocator, SlabStats};
 
 /// Numbers for `tenantfs cache stats`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostCacheStats {
     pub budget_bytes: u64,
     /// Bytes the two caches hold (their charges).

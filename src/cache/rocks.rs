@@ -12,7 +12,7 @@ use super::rocks_lru::SlabLruCache;
 use super::slab::{AddressedSlabs, SlabAllocator};
 
 /// Counters and sizes of a [`RocksBlockCache`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RocksBlockCacheStats {
     pub capacity_bytes: u64,
     /// Charged bytes: blocks (their slot sizes) plus memtable reservations.

@@ -5,7 +5,10 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::protocol::{Request, Response};
+use super::protocol::{Refusal, Reply, Request, Response};
+use super::replies::{
+    CacheReleaseReply, CacheReport, MountReply, StatsReply, TenantListReply, UmountReply,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
@@ -18,41 +21,126 @@ pub enum ControlError {
     },
     #[error("control socket {path}: {detail}")]
     Protocol { path: PathBuf, detail: String },
-    #[error("{path}: {message}")]
-    Refused { path: PathBuf, message: String },
+    #[error("{path}: {refusal}")]
+    Refused { path: PathBuf, refusal: Refusal },
 }
 
-/// Sends `req` to the server on `path` and returns its result.
-pub fn request(path: &Path, req: &Request) -> Result<serde_json::Value, ControlError> {
-    let proto = |detail: String| ControlError::Protocol {
-        path: path.to_owned(),
-        detail,
+impl ControlError {
+    /// The server's refusal, if that is what this is.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            ControlError::Refused { refusal, .. } => Some(refusal),
+            _ => None,
+        }
+    }
+}
+
+/// One serving process's control socket, with one typed call per request.
+#[derive(Clone, Debug)]
+pub struct Client {
+    path: PathBuf,
+}
+
+/// One typed call: sends the request and takes the reply of the variant it answers with.
+macro_rules! call {
+    ($self:ident, $req:expr, $variant:ident) => {
+        match $self.call(&$req)? {
+            Reply::$variant(r) => Ok(r),
+            other => Err($self.unexpected(&$req, &other)),
+        }
     };
-    let mut stream = UnixStream::connect(path).map_err(|source| ControlError::Connect {
-        path: path.to_owned(),
-        source,
-    })?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(60)))
-        .map_err(|e| proto(e.to_string()))?;
-    let mut line = serde_json::to_string(req).map_err(|e| proto(e.to_string()))?;
-    line.push('\n');
-    stream
-        .write_all(line.as_bytes())
-        .map_err(|e| proto(e.to_string()))?;
-    let mut answer = String::new();
-    BufReader::new(&stream)
-        .read_line(&mut answer)
-        .map_err(|e| proto(e.to_string()))?;
-    let resp: Response =
-        serde_json::from_str(&answer).map_err(|e| proto(format!("bad response: {e}")))?;
-    if resp.ok {
-        Ok(resp.result.unwrap_or(serde_json::Value::Null))
-    } else {
-        Err(ControlError::Refused {
+}
+
+impl Client {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self { path: path.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn cache_stats(&self) -> Result<CacheReport, ControlError> {
+        call!(self, Request::CacheStats, Cache)
+    }
+
+    pub fn cache_release(&self, bytes: u64) -> Result<CacheReleaseReply, ControlError> {
+        call!(self, Request::CacheRelease { bytes }, CacheRelease)
+    }
+
+    pub fn cache_budget(&self, bytes: u64) -> Result<CacheReport, ControlError> {
+        call!(self, Request::CacheBudget { bytes }, Cache)
+    }
+
+    pub fn mount(
+        &self,
+        tenant: &str,
+        mountpoint: &Path,
+        options: &str,
+    ) -> Result<MountReply, ControlError> {
+        let req = Request::Mount {
+            tenant: tenant.to_owned(),
+            mountpoint: mountpoint.to_string_lossy().into_owned(),
+            options: options.to_owned(),
+        };
+        call!(self, req, Mount)
+    }
+
+    pub fn umount(&self, mountpoint: &Path) -> Result<UmountReply, ControlError> {
+        let req = Request::Umount {
+            mountpoint: mountpoint.to_string_lossy().into_owned(),
+        };
+        call!(self, req, Umount)
+    }
+
+    pub fn stats(&self) -> Result<StatsReply, ControlError> {
+        call!(self, Request::Stats, Stats)
+    }
+
+    pub fn tenant_list(&self) -> Result<TenantListReply, ControlError> {
+        call!(self, Request::TenantList, TenantList)
+    }
+
+    fn unexpected(&self, req: &Request, reply: &Reply) -> ControlError {
+        self.protocol(format!("{reply:?} is no answer to {req:?}"))
+    }
+
+    fn protocol(&self, detail: String) -> ControlError {
+        ControlError::Protocol {
+            path: self.path.clone(),
+            detail,
+        }
+    }
+
+    /// Sends `req` and reads its reply (or refusal).
+    pub fn call(&self, req: &Request) -> Result<Reply, ControlError> {
+        let path = &self.path;
+        let mut stream = UnixStream::connect(path).map_err(|source| ControlError::Connect {
             path: path.to_owned(),
-            message: resp.error.unwrap_or_else(|| "request failed".into()),
-        })
+            source,
+        })?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .map_err(|e| self.protocol(e.to_string()))?;
+        let mut line = serde_json::to_string(req).map_err(|e| self.protocol(e.to_string()))?;
+        line.push('\n');
+        stream
+            .write_all(line.as_bytes())
+            .map_err(|e| self.protocol(e.to_string()))?;
+        let mut answer = String::new();
+        BufReader::new(&stream)
+            .read_line(&mut answer)
+            .map_err(|e| self.protocol(e.to_string()))?;
+        let resp: Response = serde_json::from_str(&answer)
+            .map_err(|e| self.protocol(format!("bad response: {e}")))?;
+        match resp.into_result() {
+            Some(Ok(reply)) => Ok(reply),
+            Some(Err(refusal)) => Err(ControlError::Refused {
+                path: path.to_owned(),
+                refusal,
+            }),
+            None => Err(self.protocol("a response with neither a reply nor a refusal".into())),
+        }
     }
 }
 

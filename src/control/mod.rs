@@ -1,19 +1,19 @@
 //! The control socket: how `tenantfs` commands reach the process that serves mounts.
 //!
 //! The caches live in the serving process, so `tenantfs cache stats|release|budget` must ask
-//! it. Each serving process listens on a Unix socket under `<data-dir>/run/` (one per mount
-//! until the host daemon serves them all on one socket). The protocol is one JSON request line
-//! and one JSON response line per connection. Only root and the server's own uid may connect
-//! (peer credentials are checked on every connection, and the socket is mode 0600).
+//! it. The daemon listens on one socket; a foreground mount's process on its own under
+//! `<data-dir>/run/`. The protocol is one JSON request line and one JSON response line per
+//! connection, each request with its typed reply ([`replies`]) or a refusal with a stable code.
+//! Only root and the server's own uid may connect (peer credentials are checked on every
+//! connection, and the socket is mode 0600).
 
-mod cache_service;
 mod client;
 mod protocol;
+pub mod replies;
 mod server;
 
-pub use cache_service::cache_handler;
-pub use client::{request, serving_sockets, ControlError};
-pub use protocol::{Request, Response};
+pub use client::{serving_sockets, Client, ControlError};
+pub use protocol::{Refusal, RefusalCode, Reply, Request, Response};
 pub use server::{Handler, Server};
 
 use std::path::{Path, PathBuf};

@@ -1,6 +1,15 @@
 //! Requests and responses on the control socket (one JSON object per line).
+//!
+//! Every request has one typed reply ([`Reply`], its structs in [`super::replies`]); a refusal
+//! carries a stable [`RefusalCode`] that callers decide on, and a message for people. The
+//! envelope is `{"ok":true,"result":{"reply":"...",...}}` or
+//! `{"ok":false,"error":{"code":"...","message":"..."}}`.
 
 use serde::{Deserialize, Serialize};
+
+use super::replies::{
+    CacheReleaseReply, CacheReport, MountReply, StatsReply, TenantListReply, UmountReply,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -18,37 +27,106 @@ pub enum Request {
         #[serde(default)]
         options: String,
     },
-    /// Unmount the tenant mounted at `mountpoint` (daemon only).
+    /// Unmount the tenant mounted at `mountpoint`.
     Umount { mountpoint: String },
-    /// The daemon's mounts and host numbers (daemon only).
+    /// The process's mounts and host numbers.
     Stats,
-    /// The tenants this process serves, each with its mountpoints: `[{"name", "mounts"}]`.
+    /// The tenants this process serves, each with its mountpoints.
     TenantList,
+}
+
+/// The answer to one request: `cache_stats` and `cache_budget` both answer [`Reply::Cache`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    Cache(CacheReport),
+    CacheRelease(CacheReleaseReply),
+    Mount(MountReply),
+    Umount(UmountReply),
+    Stats(StatsReply),
+    TenantList(TenantListReply),
+}
+
+/// Why a request was not carried out. Callers decide on `code`; `message` is for people.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct Refusal {
+    pub code: RefusalCode,
+    pub message: String,
+}
+
+/// Stable refusal codes (their snake_case names are the wire format; new ones may be added,
+/// and a client reads a code it does not know as [`RefusalCode::Unknown`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalCode {
+    /// The request line is not a request this server knows.
+    BadRequest,
+    /// The peer is neither root nor the server's user.
+    PermissionDenied,
+    /// Serving the request panicked; the server goes on.
+    Internal,
+    /// A mount request to a process that serves one mount (only the daemon takes them).
+    DaemonOnly,
+    /// The mountpoint is mounted already.
+    AlreadyMounted,
+    /// Another mount of that mountpoint is under way.
+    MountInProgress,
+    /// The tenant could not be opened or mounted (the message says why).
+    MountFailed,
+    /// Nothing is served at that mountpoint by this process.
+    NotServed,
+    /// The mount is in use (the message says what to do).
+    Busy,
+    /// The unmount failed for another reason.
+    UnmountFailed,
+    /// A code from a newer server.
+    #[serde(other)]
+    Unknown,
+}
+
+impl Refusal {
+    pub fn new(code: RefusalCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Response {
     pub ok: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub result: Option<serde_json::Value>,
+    pub result: Option<Reply>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub error: Option<Refusal>,
+}
+
+impl From<Result<Reply, Refusal>> for Response {
+    fn from(r: Result<Reply, Refusal>) -> Self {
+        match r {
+            Ok(reply) => Self {
+                ok: true,
+                result: Some(reply),
+                error: None,
+            },
+            Err(refusal) => Self {
+                ok: false,
+                result: None,
+                error: Some(refusal),
+            },
+        }
+    }
 }
 
 impl Response {
-    pub fn ok(result: serde_json::Value) -> Self {
-        Self {
-            ok: true,
-            result: Some(result),
-            error: None,
-        }
-    }
-
-    pub fn err(message: impl Into<String>) -> Self {
-        Self {
-            ok: false,
-            result: None,
-            error: Some(message.into()),
+    /// The reply, or the refusal; a response that has neither is reported as `None`.
+    pub fn into_result(self) -> Option<Result<Reply, Refusal>> {
+        match (self.ok, self.result, self.error) {
+            (true, Some(reply), _) => Some(Ok(reply)),
+            (false, _, Some(refusal)) => Some(Err(refusal)),
+            _ => None,
         }
     }
 }
@@ -58,7 +136,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn wire_format() {
+    fn requests_on_the_wire() {
         let r: Request = serde_json::from_str(r#"{"op":"cache_release","bytes":42}"#).unwrap();
         assert_eq!(r, Request::CacheRelease { bytes: 42 });
         assert_eq!(
@@ -66,7 +144,36 @@ mod tests {
             r#"{"op":"cache_stats"}"#
         );
         assert!(serde_json::from_str::<Request>(r#"{"op":"format_disk"}"#).is_err());
-        let e = serde_json::to_string(&Response::err("no")).unwrap();
-        assert_eq!(e, r#"{"ok":false,"error":"no"}"#);
+        let m: Request =
+            serde_json::from_str(r#"{"op":"mount","tenant":"a","mountpoint":"/m"}"#).unwrap();
+        assert_eq!(
+            m,
+            Request::Mount {
+                tenant: "a".into(),
+                mountpoint: "/m".into(),
+                options: String::new()
+            }
+        );
+    }
+
+    #[test]
+    fn refusals_on_the_wire() {
+        let e = Response::from(Err(Refusal::new(RefusalCode::NotServed, "no")));
+        let text = serde_json::to_string(&e).unwrap();
+        assert_eq!(
+            text,
+            r#"{"ok":false,"error":{"code":"not_served","message":"no"}}"#
+        );
+        let back: Response = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, e);
+        let newer: Response = serde_json::from_str(
+            r#"{"ok":false,"error":{"code":"quota_exceeded","message":"later"}}"#,
+        )
+        .unwrap();
+        let refusal = newer.into_result().unwrap().unwrap_err();
+        assert_eq!(refusal.code, RefusalCode::Unknown);
+        assert_eq!(refusal.to_string(), "later");
+        let empty: Response = serde_json::from_str(r#"{"ok":true}"#).unwrap();
+        assert!(empty.into_result().is_none());
     }
 }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::protocol::{Request, Response};
+use super::protocol::{Refusal, RefusalCode, Reply, Request, Response};
 
 /// Answers one request. A panic inside fails that request only.
-pub type Handler = Arc<dyn Fn(Request) -> Response + Send + Sync>;
+pub type Handler = Arc<dyn Fn(Request) -> Result<Reply, Refusal> + Send + Sync>;
 
 /// A listening control socket; dropping it stops the thread and removes the socket file.
 pub struct Server {
@@ -118,27 +118,37 @@ fn serve_one(stream: UnixStream, handler: &Handler) -> std::io::Result<()> {
     // Read the request whoever sent it, so a refused client gets its answer, not a reset.
     let mut line = String::new();
     BufReader::new(std::io::Read::take(&stream, MAX_REQUEST)).read_line(&mut line)?;
-    let response = if !peer_allowed(cred.uid(), nix::unistd::geteuid().as_raw()) {
+    let result = if !peer_allowed(cred.uid(), nix::unistd::geteuid().as_raw()) {
         tracing::warn!(
             uid = cred.uid(),
             pid = cred.pid(),
             "control request refused: not root"
         );
-        Response::err("permission denied: the control socket takes requests from root only")
+        Err(Refusal::new(
+            RefusalCode::PermissionDenied,
+            "permission denied: the control socket takes requests from root only",
+        ))
     } else {
         match serde_json::from_str::<Request>(&line) {
-            Err(e) => Response::err(format!("bad request: {e}")),
+            Err(e) => Err(Refusal::new(
+                RefusalCode::BadRequest,
+                format!("bad request: {e}"),
+            )),
             Ok(req) => {
                 let h = handler.clone();
                 let shown = format!("{req:?}");
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || h(req)))
                     .unwrap_or_else(|_| {
                         tracing::error!(request = %shown, "control request panicked");
-                        Response::err(format!("internal error while serving {shown}"))
+                        Err(Refusal::new(
+                            RefusalCode::Internal,
+                            format!("internal error while serving {shown}"),
+                        ))
                     })
             }
         }
     };
+    let response = Response::from(result);
     let mut text = serde_json::to_string(&response).map_err(std::io::Error::other)?;
     text.push('\n');
     out.write_all(text.as_bytes())

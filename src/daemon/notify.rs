@@ -49,7 +49,7 @@ pub fn start_watchdog(socket: std::path::PathBuf) {
         .name("tenantfs-watchdog".into())
         .spawn(move || loop {
             std::thread::sleep(every / 2);
-            match crate::control::request(&socket, &crate::control::Request::Stats) {
+            match crate::control::Client::new(socket.clone()).stats() {
                 Ok(_) => notify_systemd("WATCHDOG=1"),
                 Err(e) => {
                     tracing::error!(error = %e, "watchdog: the daemon does not answer itself")

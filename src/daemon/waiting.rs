@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde::Serialize;
+use crate::control::replies::WaitingMountReport;
 
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LONGEST_RETRY: Duration = Duration::from_secs(30);
@@ -21,17 +21,6 @@ pub struct WaitingMount {
     pub attempts: u32,
     since_unix: u64,
     next: Instant,
-}
-
-/// What `tenantfs stats` shows of a waiting mount.
-#[derive(Serialize)]
-pub struct WaitingReport<'a> {
-    tenant: &'a str,
-    mountpoint: &'a std::path::Path,
-    error: &'a str,
-    attempts: u32,
-    since_unix: u64,
-    next_attempt_in_ms: u64,
 }
 
 fn retry_after(attempts: u32) -> Duration {
@@ -68,11 +57,12 @@ impl WaitingMount {
         changed
     }
 
-    pub fn report<'a>(&'a self, mountpoint: &'a std::path::Path) -> WaitingReport<'a> {
-        WaitingReport {
-            tenant: &self.tenant,
-            mountpoint,
-            error: &self.error,
+    /// What `tenantfs stats` shows of it.
+    pub fn report(&self, mountpoint: &std::path::Path) -> WaitingMountReport {
+        WaitingMountReport {
+            tenant: self.tenant.clone(),
+            mountpoint: mountpoint.to_owned(),
+            error: self.error.clone(),
             attempts: self.attempts,
             since_unix: self.since_unix,
             next_attempt_in_ms: self

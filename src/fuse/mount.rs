@@ -1,26 +1,21 @@
-//! Mounting, serving and unmounting a tenant filesystem, and reading the mount table.
-//!
-//! `serve` mounts a [`Volume`] with fuser and answers requests until the filesystem is
-//! unmounted (by `tenantfs umount`, umount(8), or SIGTERM/SIGINT to the serving process), then
-//! makes everything durable. A mountpoint left dead by a killed server ("transport endpoint is
-//! not connected") is detached before mounting again.
+//! Mountpoints and the mount table: mount options, checking a mountpoint before mounting
+//! (one left dead by a killed server, "transport endpoint is not connected", is detached
+//! first), finding tenantfs mounts in /proc/self/mountinfo, unmounting by path, and the
+//! shutdown signals a serving process waits for. Serving itself is [`super::Session`].
 
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use fuser::{Config, MountOption, SessionACL};
 use nix::sys::signal::{SigSet, Signal};
 
-use super::adapter::{CacheMode, TenantFs};
+use super::adapter::CacheMode;
 use super::ring::{self, Transport};
-use crate::volume::Volume;
 
-/// Threads answering FUSE requests for one mount.
-const FUSE_THREADS: usize = 4;
 /// Filesystem type as the mount table shows it.
 pub const FS_TYPE: &str = "fuse.tenantfs";
-const SOURCE_PREFIX: &str = "tenantfs:";
+/// The mount source of a tenant's mount: `tenantfs:NAME`.
+pub(super) const SOURCE_PREFIX: &str = "tenantfs:";
 
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
@@ -203,7 +198,7 @@ pub fn prepare_mountpoint(path: &Path) -> Result<(), MountError> {
     }
 }
 
-/// The signals that make `serve` unmount (SIGHUP is taken and ignored).
+/// The signals that end a serving process cleanly (SIGHUP is taken and ignored).
 fn shutdown_signals() -> SigSet {
     let mut signals = SigSet::empty();
     for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
@@ -215,8 +210,8 @@ fn shutdown_signals() -> SigSet {
 /// Blocks SIGTERM, SIGINT and SIGHUP in the calling thread and so in every thread it starts
 /// afterwards. Call it before opening the store: a process-directed signal goes to any thread
 /// that does not block it, and one of RocksDB's background threads taking SIGTERM or SIGINT
-/// would kill the server and leave a dead mount instead of a clean unmount. `serve` waits for
-/// them on a thread of its own.
+/// would kill the server and leave a dead mount instead of a clean unmount. The serving
+/// process waits for them on a thread of its own ([`wait_for_shutdown_signal`]).
 pub fn block_shutdown_signals() {
     let _ = shutdown_signals().thread_block();
 }
@@ -231,240 +226,6 @@ pub fn wait_for_shutdown_signal() -> Signal {
             Err(_) => continue,
         }
     }
-}
-
-/// Mounts `volume` at `mountpoint`, calls `ready` once the kernel has completed the FUSE
-/// handshake, and serves until unmounted or until SIGTERM/SIGINT. The store is synced when the
-/// volume drops. Threads started before this call must block those signals (see
-/// [`block_shutdown_signals`]).
-fn session_config(tenant: &str, options: &MountOptions) -> Config {
-    let mut cfg = Config::default();
-    cfg.mount_options = vec![
-        MountOption::FSName(format!("{SOURCE_PREFIX}{tenant}")),
-        // To the kernel, so the mount table says `fuse.tenantfs` (fuser keeps its Subtype
-        // option for fusermount and mounts as plain `fuse` when it calls mount(2) itself).
-        MountOption::CUSTOM("subtype=tenantfs".into()),
-        MountOption::DefaultPermissions,
-        MountOption::Dev,
-        MountOption::Suid,
-        if options.read_only {
-            MountOption::RO
-        } else {
-            MountOption::RW
-        },
-    ];
-    // The tenant's processes are not the daemon's user; the kernel checks permissions.
-    cfg.acl = SessionACL::All;
-    cfg.n_threads = Some(FUSE_THREADS);
-    cfg.clone_fd = true;
-    cfg
-}
-
-/// Mounts `fs` and hands its io_uring side the session's device (a duplicate: fuser keeps
-/// reading the original for INIT, FORGET and INTERRUPT).
-fn open_session(
-    fs: TenantFs,
-    mountpoint: &Path,
-    cfg: &Config,
-    options: &MountOptions,
-) -> Result<fuser::Session<TenantFs>, MountError> {
-    if options.transport == Transport::Uring && !ring::kernel_enabled() {
-        return Err(MountError::UringOff);
-    }
-    let mount_err = |source| MountError::Mount {
-        path: mountpoint.to_owned(),
-        source,
-    };
-    let ring = fs.ring();
-    let session = fuser::Session::new(fs, mountpoint, cfg).map_err(mount_err)?;
-    if options.transport != Transport::Device {
-        use std::os::fd::AsFd;
-        ring.set_device(session.as_fd().try_clone_to_owned().map_err(mount_err)?);
-    }
-    Ok(session)
-}
-
-/// A tenant mounted and served by threads of this process (the daemon's mounts). The store
-/// stays open until the session ends: by [`MountedTenant::unmount`], or by umount(8).
-pub struct MountedTenant {
-    pub tenant: String,
-    pub path: PathBuf,
-    pub options: MountOptions,
-    /// The mount's operation counters.
-    pub metrics: std::sync::Arc<crate::metrics::MountMetrics>,
-    /// The served volume while the session runs (the session owns it: the store closes as
-    /// soon as the session ends).
-    volume: std::sync::Weak<Volume>,
-    unmounter: fuser::SessionUnmounter,
-    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
-}
-
-/// Mounts `volume` at `mountpoint` and serves it from new threads; returns once mounted.
-pub fn spawn_mount(
-    volume: Volume,
-    mountpoint: &Path,
-    options: &MountOptions,
-) -> Result<MountedTenant, MountError> {
-    prepare_mountpoint(mountpoint)?;
-    let tenant = volume.tenant().info().name.clone();
-    let metrics = crate::metrics::MountMetrics::new();
-    let volume = std::sync::Arc::new(volume);
-    let served = std::sync::Arc::downgrade(&volume);
-    let fs = TenantFs::new(volume, options.cache, metrics.clone(), options.transport);
-    let mount_err = |source| MountError::Mount {
-        path: mountpoint.to_owned(),
-        source,
-    };
-    let mut session = open_session(fs, mountpoint, &session_config(&tenant, options), options)?;
-    let unmounter = session.unmount_callable();
-    let name = format!("tenantfs-{tenant}");
-    let path = mountpoint.to_owned();
-    let thread = std::thread::Builder::new()
-        .name(name.chars().take(15).collect())
-        .spawn(move || {
-            let r = session.run();
-            tracing::info!(path = %path.display(), "unmounted");
-            r
-        })
-        .map_err(mount_err)?;
-    tracing::info!(tenant, path = %mountpoint.display(), "mounted");
-    Ok(MountedTenant {
-        tenant,
-        path: mountpoint.to_owned(),
-        options: options.clone(),
-        metrics,
-        volume: served,
-        unmounter,
-        thread: Some(thread),
-    })
-}
-
-impl MountedTenant {
-    /// The served tenant's store: whether it takes writes, and whether it uses O_DIRECT. None
-    /// once the session has ended.
-    pub fn store(&self) -> Option<(crate::store::StoreState, bool)> {
-        let v = self.volume()?;
-        let db = v.tenant().db();
-        Some((db.state(), db.direct_io()))
-    }
-
-    /// The served volume, while the session runs.
-    pub fn volume(&self) -> Option<std::sync::Arc<Volume>> {
-        self.volume.upgrade()
-    }
-
-    /// Whether the session has ended (unmounted from outside, e.g. by umount(8)).
-    pub fn is_finished(&self) -> bool {
-        self.thread.as_ref().is_none_or(|t| t.is_finished())
-    }
-
-    /// Unmounts and waits until the session ended and the store closed. A busy mount stays
-    /// mounted and served (the error says so).
-    pub fn unmount(&mut self) -> Result<(), MountError> {
-        if !self.is_finished() {
-            if let Err(e) = self.unmounter.unmount() {
-                if e.raw_os_error() == Some(libc::EBUSY) {
-                    return Err(MountError::Busy(self.path.clone()));
-                }
-                // fuser's unmounter works once; fall back to unmounting by path.
-                unmount(&self.path)?;
-            }
-        }
-        self.join();
-        Ok(())
-    }
-
-    /// Detaches the mount even while it is busy (MNT_DETACH): for shutting down.
-    pub fn detach(&mut self) {
-        if !self.is_finished() {
-            if let Err(e) = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH) {
-                tracing::error!(path = %self.path.display(), error = %e, "lazy unmount failed");
-            }
-        }
-    }
-
-    fn join(&mut self) {
-        if let Some(t) = self.thread.take() {
-            match t.join() {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::error!(path = %self.path.display(), error = %e, "FUSE session ended with an error")
-                }
-                Err(_) => {
-                    tracing::error!(path = %self.path.display(), "FUSE session thread panicked")
-                }
-            }
-        }
-    }
-
-    /// Waits for the session to end (after `detach` or an outside unmount).
-    pub fn wait(&mut self) {
-        self.join();
-    }
-}
-
-pub fn serve(
-    volume: Volume,
-    mountpoint: &Path,
-    options: &MountOptions,
-    ready: impl FnOnce(),
-) -> Result<(), MountError> {
-    prepare_mountpoint(mountpoint)?;
-    let tenant = volume.tenant().info().name.clone();
-    let fs = TenantFs::new(
-        volume,
-        options.cache,
-        crate::metrics::MountMetrics::new(),
-        options.transport,
-    );
-    let cfg = session_config(&tenant, options);
-
-    // Signals are taken by one thread with sigwait; block them before fuser starts threads.
-    let signals = shutdown_signals();
-    block_shutdown_signals();
-
-    let mount_err = |source| MountError::Mount {
-        path: mountpoint.to_owned(),
-        source,
-    };
-    let mut session = open_session(fs, mountpoint, &cfg, options)?;
-    let mut unmounter = session.unmount_callable();
-    let path = mountpoint.to_owned();
-    std::thread::Builder::new()
-        .name("tenantfs-signals".into())
-        .spawn(move || {
-            let mut first = true;
-            loop {
-                match signals.wait() {
-                    Ok(Signal::SIGHUP) => continue,
-                    Ok(sig) => {
-                        tracing::info!(?sig, path = %path.display(), "unmounting on signal");
-                        // fuser's unmounter works once; a retry (after a busy mount) unmounts
-                        // by path like `tenantfs umount` does.
-                        let result = if first {
-                            unmounter.unmount().map_err(|e| e.to_string())
-                        } else {
-                            unmount(&path).map(drop).map_err(|e| e.to_string())
-                        };
-                        first = false;
-                        match result {
-                            Ok(()) => return,
-                            Err(e) => tracing::error!(
-                                error = %e,
-                                "unmount on signal failed; send the signal again once the mount is idle"
-                            ),
-                        }
-                    }
-                    Err(_) => return,
-                }
-            }
-        })
-        .map_err(mount_err)?;
-    tracing::info!(tenant, path = %mountpoint.display(), "mounted");
-    ready();
-    session.run().map_err(mount_err)?;
-    tracing::info!(tenant, path = %mountpoint.display(), "unmounted");
-    Ok(())
 }
 
 /// Unmounts the tenantfs mount at `path`; returns the tenant that was mounted there.

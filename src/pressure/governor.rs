@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use serde::Serialize;
 
-use super::policy::{Bytes, Decision, Policy, PolicyConfig, Sample};
+use super::policy::{Decision, Policy, PolicyConfig, Sample};
 use super::signals::{self, CgroupMemory};
 use super::watch::{Triggers, Watch, WatchConfig};
+use crate::units::ByteSize;
 
 /// What the governor steers: cache memory that can shrink at once and grow back.
 pub trait CacheBudget: Send + Sync {
@@ -67,7 +68,7 @@ impl Default for GovernorConfig {
 }
 
 /// Counters for the admin interface.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct GovernorStats {
     pub ceiling_bytes: u64,
     /// Ticks on which pressure was seen.
@@ -101,8 +102,8 @@ impl Shared {
             self.target.set_budget(bytes);
             let line = format!(
                 "shrink {} -> {}: ceiling lowered by operator",
-                Bytes(budget),
-                Bytes(bytes)
+                ByteSize(budget).rounded(),
+                ByteSize(bytes).rounded()
             );
             tracing::info!(
                 from = budget,
@@ -326,16 +327,19 @@ impl Runner {
                 stats.shrinks += 1;
                 stats.last_decision = Some(format!(
                     "shrink {} -> {}: {reason}",
-                    Bytes(budget),
-                    Bytes(to)
+                    ByteSize(budget).rounded(),
+                    ByteSize(to).rounded()
                 ));
             }
             Decision::Grow { to, reason } => {
                 shared.target.set_budget(to);
                 tracing::info!(from = budget, to, used, ceiling, %reason, "cache budget grown");
                 stats.grows += 1;
-                stats.last_decision =
-                    Some(format!("grow {} -> {}: {reason}", Bytes(budget), Bytes(to)));
+                stats.last_decision = Some(format!(
+                    "grow {} -> {}: {reason}",
+                    ByteSize(budget).rounded(),
+                    ByteSize(to).rounded()
+                ));
             }
         }
     }

@@ -26,7 +26,7 @@
 //! - When the operator raises the ceiling and there has been no shrink for 10 ticks and no
 //!   pressure now, the budget goes straight to the new ceiling (capped as above).
 
-use std::fmt;
+use crate::units::ByteSize;
 
 use super::signals::{CgroupState, MemInfo, PsiPair};
 use super::watch::Triggers;
@@ -89,18 +89,6 @@ pub enum Decision {
     Keep,
     Shrink { to: u64, reason: String },
     Grow { to: u64, reason: String },
-}
-
-pub(super) struct Bytes(pub(super) u64);
-
-impl fmt::Display for Bytes {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0 >= 10 << 30 {
-            write!(f, "{:.1} GiB", self.0 as f64 / (1u64 << 30) as f64)
-        } else {
-            write!(f, "{} MiB", self.0 / MIB)
-        }
-    }
 }
 
 /// Pressure found in one sample.
@@ -205,11 +193,11 @@ impl Policy {
                     need = need.max(2 * wm - headroom);
                     reasons.push(format!(
                         "cgroup headroom {} < {} watermark (usage {} of limit {}, {} of it inactive page cache)",
-                        Bytes(headroom),
-                        Bytes(wm),
-                        Bytes(cg.current),
-                        Bytes(limit),
-                        Bytes(cg.inactive_file)
+                        ByteSize(headroom).rounded(),
+                        ByteSize(wm).rounded(),
+                        ByteSize(cg.current).rounded(),
+                        ByteSize(limit).rounded(),
+                        ByteSize(cg.inactive_file).rounded()
                     ));
                 }
             }
@@ -220,8 +208,8 @@ impl Policy {
                 need = need.max(2 * wm - m.available);
                 reasons.push(format!(
                     "MemAvailable {} < {} watermark",
-                    Bytes(m.available),
-                    Bytes(wm)
+                    ByteSize(m.available).rounded(),
+                    ByteSize(wm).rounded()
                 ));
             }
         }
@@ -268,8 +256,8 @@ impl Policy {
             to: ceiling,
             reason: format!(
                 "ceiling lowered by operator to {} (budget {})",
-                Bytes(ceiling),
-                Bytes(budget)
+                ByteSize(ceiling).rounded(),
+                ByteSize(budget).rounded()
             ),
         };
 
@@ -287,9 +275,9 @@ impl Policy {
                         to,
                         reason: format!(
                             "{why} (used {}, budget {}, cut {})",
-                            Bytes(used),
-                            Bytes(budget),
-                            Bytes(budget - to)
+                            ByteSize(used).rounded(),
+                            ByteSize(budget).rounded(),
+                            ByteSize(budget - to).rounded()
                         ),
                     };
                 }
@@ -318,7 +306,7 @@ impl Policy {
                     to,
                     reason: format!(
                         "ceiling raised by operator to {}, no shrink for {} ticks{}",
-                        Bytes(ceiling),
+                        ByteSize(ceiling).rounded(),
                         c.calm_ticks,
                         cap_note(to, ceiling)
                     ),
@@ -335,8 +323,8 @@ impl Policy {
                     reason: format!(
                         "calm for {} ticks (step {}, ceiling {}){}",
                         self.calm,
-                        Bytes(step),
-                        Bytes(ceiling),
+                        ByteSize(step).rounded(),
+                        ByteSize(ceiling).rounded(),
                         cap_note(to, budget.saturating_add(step).min(ceiling))
                     ),
                 };
@@ -348,7 +336,10 @@ impl Policy {
 
 fn cap_note(to: u64, wanted: u64) -> String {
     if to < wanted {
-        format!(", capped at {} to keep 2x watermark headroom", Bytes(to))
+        format!(
+            ", capped at {} to keep 2x watermark headroom",
+            ByteSize(to).rounded()
+        )
     } else {
         String::new()
     }

@@ -1,0 +1,142 @@
+//! The command line's grammar: every command, argument and option, with its help text.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+use tenantfs::units::ByteSize;
+
+#[derive(Parser)]
+#[command(
+    name = "tenantfs",
+    version,
+    about = "Per-tenant encrypted filesystems for Linux hosts"
+)]
+pub struct Cli {
+    /// Host data dir (tenants, keys, stores).
+    #[arg(
+        long,
+        global = true,
+        env = "TENANTFS_DATA_DIR",
+        default_value = "/var/lib/tenantfs"
+    )]
+    pub data_dir: PathBuf,
+    /// Master key file: 32 raw bytes or 64 hex characters, mode 0600.
+    #[arg(long, global = true)]
+    pub master_key: Option<PathBuf>,
+    /// Config file (default /etc/tenantfs/tenantfs.toml if present).
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// The daemon's control socket (default <data-dir>/tenantfs.sock).
+    #[arg(long, global = true, env = "TENANTFS_SOCKET")]
+    pub socket: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Create the data dir and a master key (if none is given).
+    Init,
+    /// Create, list and delete tenants.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Mount a tenant's filesystem (returns once it is ready; serves in the background).
+    Mount {
+        tenant: String,
+        mountpoint: PathBuf,
+        /// Stay attached and serve in this process until unmounted.
+        #[arg(long)]
+        foreground: bool,
+        /// Mount options: cache=direct (default) or cache=kernel, transport=auto (default), uring
+        /// or dev, ro, rw.
+        #[arg(short = 'o', default_value = "")]
+        options: String,
+    },
+    /// Flush and unmount a tenant filesystem.
+    Umount { mountpoint: PathBuf },
+    /// Check the config file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Run the host daemon: serve every tenant mounted through it, with one host cache.
+    Daemon,
+    /// The daemon's mounts (operations, bytes, latency) and host numbers.
+    Stats {
+        /// Print a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Import, list, verify and delete shared base images.
+    #[command(subcommand)]
+    Base(BaseCommand),
+    /// Inspect and steer the host cache of the process serving the mounts.
+    #[command(subcommand)]
+    Cache(CacheCommand),
+}
+
+#[derive(Subcommand)]
+pub enum BaseCommand {
+    /// Import a directory tree or a raw disk image as base NAME (each distinct block stored
+    /// once per host).
+    Import {
+        name: String,
+        source: PathBuf,
+        /// Block size (power of two, 4K..1M); tenants from this base use it.
+        #[arg(long, default_value = "4096")]
+        block_size: ByteSize,
+    },
+    /// List bases with their logical and unique bytes, and host totals.
+    List {
+        /// Print a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read back every stored block and check it.
+    Verify,
+    /// Delete base NAME (blocks no other base holds become garbage for `base gc`).
+    Delete { name: String },
+    /// Give back the disk space of blocks no base holds any more.
+    Gc,
+}
+
+#[derive(Subcommand)]
+pub enum CacheCommand {
+    /// Show the cache's budget, use, memory and counters.
+    Stats {
+        /// Print a JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Evict SIZE from the cache now and give the memory back to the kernel (e.g. 512M).
+    Release { size: ByteSize },
+    /// Set the cache budget ceiling to SIZE (the governor may hold it lower under pressure).
+    Budget { size: ByteSize },
+}
+
+#[derive(Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant with its own key and empty encrypted store.
+    Create {
+        name: String,
+        /// Volume block size in bytes (power of two, 4K..1M).
+        #[arg(long)]
+        block_size: Option<ByteSize>,
+        /// Start from base image BASE: its whole tree at once, no data copied (the block size
+        /// is the base's).
+        #[arg(long)]
+        base: Option<String>,
+    },
+    /// List tenants.
+    List {
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a tenant and all its data.
+    Delete { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// Parse and validate the config file; report errors with their line.
+    Check,
+}

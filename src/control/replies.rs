@@ -1,0 +1,210 @@
+//! One reply struct per control request: what the server sends and the CLI reads, field by
+//! field. `tenantfs stats --json` and `cache stats --json` print these same structs.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::HostCacheStats;
+use crate::metrics::MountActivity;
+use crate::pressure::GovernorStats;
+use crate::store::StoreState;
+
+/// `cache_stats` and `cache_budget`: one serving process's host cache.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheReport {
+    /// Which process answers (`tenantfs daemon`, `mount of tenant NAME`).
+    pub server: String,
+    pub pid: u32,
+    #[serde(flatten)]
+    pub cache: HostCacheStats,
+    pub process_rss_bytes: Option<u64>,
+    /// The operator's ceiling (the governor may hold the budget lower).
+    pub ceiling_bytes: u64,
+    pub governor: Option<GovernorStats>,
+}
+
+/// `cache_release`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheReleaseReply {
+    pub server: String,
+    pub pid: u32,
+    pub requested_bytes: u64,
+    pub released_bytes: u64,
+    pub rss_before_bytes: Option<u64>,
+    pub rss_after_bytes: Option<u64>,
+}
+
+/// `mount`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountReply {
+    pub tenant: String,
+    pub mountpoint: PathBuf,
+    pub pid: u32,
+}
+
+/// `umount`: the tenant that was mounted (its store is flushed and closed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UmountReply {
+    pub tenant: String,
+}
+
+/// One served mount in [`StatsReply`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountReport {
+    pub tenant: String,
+    pub mountpoint: PathBuf,
+    #[serde(flatten)]
+    pub activity: MountActivity,
+    /// Whether the store takes writes (absent once the session has ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreState>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct_io: Option<bool>,
+}
+
+/// A configured mount the daemon has not mounted yet, and when it tries again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingMountReport {
+    pub tenant: String,
+    pub mountpoint: PathBuf,
+    pub error: String,
+    pub attempts: u32,
+    pub since_unix: u64,
+    pub next_attempt_in_ms: u64,
+}
+
+/// `stats`: the process's mounts and host numbers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsReply {
+    pub pid: u32,
+    pub mounts: Vec<MountReport>,
+    pub waiting_mounts: Vec<WaitingMountReport>,
+    pub cache: CacheReport,
+    pub log_lines_dropped: u64,
+}
+
+/// One tenant a process serves, with its mountpoints.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServedTenant {
+    pub name: String,
+    pub mounts: Vec<PathBuf>,
+}
+
+/// `tenant_list`: what this process serves (the CLI merges it into the data dir's list).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantListReply {
+    pub tenants: Vec<ServedTenant>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::protocol::{Reply, Response};
+    use super::*;
+    use crate::metrics::OpSummary;
+
+    fn round_trip(reply: Reply) -> serde_json::Value {
+        let text = serde_json::to_string(&Response::from(Ok(reply.clone()))).unwrap();
+        let back: Response = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.into_result().unwrap().unwrap(), reply, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["result"].clone()
+    }
+
+    fn cache_report() -> CacheReport {
+        CacheReport {
+            server: "tenantfs daemon".into(),
+            pid: 7,
+            cache: HostCacheStats {
+                budget_bytes: 1 << 30,
+                used_bytes: 5,
+                ..HostCacheStats::default()
+            },
+            process_rss_bytes: Some(9),
+            ceiling_bytes: 2 << 30,
+            governor: Some(GovernorStats {
+                last_decision: Some("shrink".into()),
+                ..GovernorStats::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn every_reply_round_trips() {
+        // The cache's own numbers sit beside the report's fields (flattened), as the CLI and
+        // scripts reading `cache stats --json` expect.
+        let v = round_trip(Reply::Cache(cache_report()));
+        assert_eq!(v["reply"], "cache");
+        assert_eq!(v["budget_bytes"], 1u64 << 30);
+        assert_eq!(v["blocks"]["hits"], 0);
+        assert_eq!(v["governor"]["last_decision"], "shrink");
+        round_trip(Reply::CacheRelease(CacheReleaseReply {
+            server: "x".into(),
+            pid: 1,
+            requested_bytes: 10,
+            released_bytes: 8,
+            rss_before_bytes: None,
+            rss_after_bytes: Some(3),
+        }));
+        let v = round_trip(Reply::Mount(MountReply {
+            tenant: "a".into(),
+            mountpoint: "/m/a".into(),
+            pid: 3,
+        }));
+        assert_eq!(v["mountpoint"], "/m/a");
+        round_trip(Reply::Umount(UmountReply { tenant: "a".into() }));
+        let mut activity = MountActivity::default();
+        activity.ops.insert(
+            "read".into(),
+            OpSummary {
+                calls: 4,
+                errors: 1,
+                p50_us_le: 16,
+                p99_us_le: 64,
+            },
+        );
+        activity.read_bytes = 4096;
+        let v = round_trip(Reply::Stats(StatsReply {
+            pid: 1,
+            mounts: vec![
+                MountReport {
+                    tenant: "a".into(),
+                    mountpoint: "/m/a".into(),
+                    activity: activity.clone(),
+                    store: Some(StoreState::NoSpace {
+                        since_unix: 5,
+                        detail: "full".into(),
+                        free_bytes: 1,
+                        needs_free_bytes: 2,
+                    }),
+                    direct_io: Some(true),
+                },
+                MountReport {
+                    tenant: "b".into(),
+                    mountpoint: "/m/b".into(),
+                    activity,
+                    store: None,
+                    direct_io: None,
+                },
+            ],
+            waiting_mounts: vec![WaitingMountReport {
+                tenant: "c".into(),
+                mountpoint: "/m/c".into(),
+                error: "no such tenant".into(),
+                attempts: 2,
+                since_unix: 9,
+                next_attempt_in_ms: 1000,
+            }],
+            cache: cache_report(),
+            log_lines_dropped: 0,
+        }));
+        assert_eq!(v["mounts"][0]["ops"]["read"]["p99_us_le"], 64);
+        assert_eq!(v["mounts"][0]["store"]["state"], "no_space");
+        assert!(v["mounts"][1].get("store").is_none());
+        round_trip(Reply::TenantList(TenantListReply {
+            tenants: vec![ServedTenant {
+                name: "a".into(),
+                mounts: vec!["/m/a".into(), "/m/a2".into()],
+            }],
+        }));
+    }
+}

@@ -1,0 +1,262 @@
+//! One mounted tenant filesystem being served: the one session type of tenantfs.
+//!
+//! [`Session::start`] mounts a [`Volume`] with fuser and serves it from threads of this
+//! process; it returns once the kernel has the mount. The session ends by
+//! [`Session::unmount`], by [`Session::detach`] (shutdown of a busy mount), or from outside
+//! (umount(8), `tenantfs umount`); [`Session::wait`] waits for the end, and the volume (the
+//! session owns it) is dropped then, which makes the store durable and closes it. The daemon
+//! and a foreground mount serve through this same type.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use fuser::{Config, MountOption, SessionACL};
+
+use super::adapter::TenantFs;
+use super::mount::{prepare_mountpoint, unmount, MountError, MountOptions, SOURCE_PREFIX};
+use super::ring::{self, Transport};
+use crate::metrics::MountMetrics;
+use crate::store::StoreState;
+use crate::volume::Volume;
+
+/// Threads answering FUSE requests on /dev/fuse for one mount.
+const FUSE_THREADS: usize = 4;
+
+/// The fuser configuration of one tenant's mount.
+fn session_config(tenant: &str, options: &MountOptions) -> Config {
+    let mut cfg = Config::default();
+    cfg.mount_options = vec![
+        MountOption::FSName(format!("{SOURCE_PREFIX}{tenant}")),
+        // To the kernel, so the mount table says `fuse.tenantfs` (fuser keeps its Subtype
+        // option for fusermount and mounts as plain `fuse` when it calls mount(2) itself).
+        MountOption::CUSTOM("subtype=tenantfs".into()),
+        MountOption::DefaultPermissions,
+        MountOption::Dev,
+        MountOption::Suid,
+        if options.read_only {
+            MountOption::RO
+        } else {
+            MountOption::RW
+        },
+    ];
+    // The tenant's processes are not the daemon's user; the kernel checks permissions.
+    cfg.acl = SessionACL::All;
+    cfg.n_threads = Some(FUSE_THREADS);
+    cfg.clone_fd = true;
+    cfg
+}
+
+/// Whether a session has ended, for waiters.
+#[derive(Default)]
+struct Ended {
+    done: Mutex<bool>,
+    changed: Condvar,
+}
+
+impl Ended {
+    fn set(&self) {
+        *self.done.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        self.changed.notify_all();
+    }
+}
+
+/// What ending the session takes: fuser's unmounter (works once) and the serving thread.
+struct Control {
+    unmounter: Option<fuser::SessionUnmounter>,
+    thread: Option<JoinHandle<io::Result<()>>>,
+}
+
+/// A tenant mounted and served by threads of this process.
+pub struct Session {
+    tenant: String,
+    path: PathBuf,
+    options: MountOptions,
+    metrics: Arc<MountMetrics>,
+    /// The served volume while the session runs (the serving thread owns it, so the store
+    /// closes as soon as the session ends).
+    volume: Weak<Volume>,
+    control: Mutex<Control>,
+    ended: Arc<Ended>,
+}
+
+impl Session {
+    /// Mounts `volume` at `mountpoint` and serves it from new threads; returns once mounted.
+    pub fn start(
+        volume: Volume,
+        mountpoint: &Path,
+        options: &MountOptions,
+    ) -> Result<Self, MountError> {
+        prepare_mountpoint(mountpoint)?;
+        if options.transport == Transport::Uring && !ring::kernel_enabled() {
+            return Err(MountError::UringOff);
+        }
+        let tenant = volume.tenant().info().name.clone();
+        let metrics = MountMetrics::new();
+        let volume = Arc::new(volume);
+        let served = Arc::downgrade(&volume);
+        let fs = TenantFs::new(volume, options.cache, metrics.clone(), options.transport);
+        let mount_err = |source| MountError::Mount {
+            path: mountpoint.to_owned(),
+            source,
+        };
+        let ring = fs.ring();
+        let mut session = fuser::Session::new(fs, mountpoint, &session_config(&tenant, options))
+            .map_err(mount_err)?;
+        if options.transport != Transport::Device {
+            // The io_uring side gets a duplicate of the device: fuser keeps reading the
+            // original for INIT, FORGET and INTERRUPT.
+            use std::os::fd::AsFd;
+            ring.set_device(session.as_fd().try_clone_to_owned().map_err(mount_err)?);
+        }
+        let unmounter = session.unmount_callable();
+        let ended = Arc::new(Ended::default());
+        let thread = {
+            let name: String = format!("tenantfs-{tenant}").chars().take(15).collect();
+            let path = mountpoint.to_owned();
+            let ended = ended.clone();
+            std::thread::Builder::new()
+                .name(name)
+                .spawn(move || {
+                    // `run` owns the session: the volume goes with it when it returns, so the
+                    // store is durable and closed before waiters hear of the end.
+                    let r = session.run();
+                    tracing::info!(path = %path.display(), "unmounted");
+                    ended.set();
+                    r
+                })
+                .map_err(mount_err)?
+        };
+        tracing::info!(tenant, path = %mountpoint.display(), "mounted");
+        Ok(Self {
+            tenant,
+            path: mountpoint.to_owned(),
+            options: options.clone(),
+            metrics,
+            volume: served,
+            control: Mutex::new(Control {
+                unmounter: Some(unmounter),
+                thread: Some(thread),
+            }),
+            ended,
+        })
+    }
+
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn options(&self) -> &MountOptions {
+        &self.options
+    }
+
+    /// The mount's operation counters.
+    pub fn metrics(&self) -> &MountMetrics {
+        &self.metrics
+    }
+
+    /// The served volume, while the session runs.
+    pub fn volume(&self) -> Option<Arc<Volume>> {
+        self.volume.upgrade()
+    }
+
+    /// The served store: whether it takes writes, and whether it uses O_DIRECT. None once
+    /// the session has ended.
+    pub fn store(&self) -> Option<(StoreState, bool)> {
+        let v = self.volume()?;
+        let db = v.tenant().db();
+        Some((db.state(), db.direct_io()))
+    }
+
+    /// Whether the session has ended (unmounted from outside, e.g. by umount(8)).
+    pub fn is_finished(&self) -> bool {
+        *self.ended.done.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits up to `timeout` (forever for `None`) for the session to end; says whether it has.
+    pub fn wait(&self, timeout: Option<Duration>) -> bool {
+        let done = self.ended.done.lock().unwrap_or_else(|p| p.into_inner());
+        let done = match timeout {
+            None => self
+                .ended
+                .changed
+                .wait_while(done, |d| !*d)
+                .unwrap_or_else(|p| p.into_inner()),
+            Some(t) => {
+                self.ended
+                    .changed
+                    .wait_timeout_while(done, t, |d| !*d)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0
+            }
+        };
+        *done
+    }
+
+    fn control(&self) -> MutexGuard<'_, Control> {
+        self.control.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Unmounts and waits until the session ended and the store closed. A busy mount stays
+    /// mounted and served (the error says so).
+    pub fn unmount(&self) -> Result<(), MountError> {
+        if !self.is_finished() {
+            // fuser's unmounter works once; after that (a busy mount) unmount by path.
+            let first = self.control().unmounter.take();
+            let result = match first {
+                Some(mut u) => u.unmount().map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EBUSY) {
+                        MountError::Busy(self.path.clone())
+                    } else {
+                        MountError::Unmount {
+                            path: self.path.clone(),
+                            source: e,
+                        }
+                    }
+                }),
+                None => unmount(&self.path).map(drop),
+            };
+            match result {
+                Ok(()) => {}
+                Err(MountError::Busy(p)) => return Err(MountError::Busy(p)),
+                // Not busy, but fuser's unmount failed: try by path like `tenantfs umount`.
+                Err(_) => {
+                    unmount(&self.path)?;
+                }
+            }
+        }
+        self.join();
+        Ok(())
+    }
+
+    /// Detaches the mount even while it is busy (MNT_DETACH): for shutting down.
+    pub fn detach(&self) {
+        if !self.is_finished() {
+            if let Err(e) = nix::mount::umount2(&self.path, nix::mount::MntFlags::MNT_DETACH) {
+                tracing::error!(path = %self.path.display(), error = %e, "lazy unmount failed");
+            }
+        }
+    }
+
+    /// Waits for the serving thread and logs how it ended.
+    pub fn join(&self) {
+        let Some(t) = self.control().thread.take() else {
+            return;
+        };
+        match t.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(path = %self.path.display(), error = %e, "FUSE session ended with an error")
+            }
+            Err(_) => {
+                tracing::error!(path = %self.path.display(), "FUSE session thread panicked")
+            }
+        }
+    }
+}

@@ -1,0 +1,469 @@
+//! The serving host: what a process serving tenant mounts owns once, whatever it serves (the
+//! host cache, the governor that steers its budget, the store resources every tenant's
+//! RocksDB shares) and the sessions it serves, with the answers to control requests about
+//! them. The daemon is a host that takes mount requests over its socket; a foreground mount
+//! is a host with one mount ([`Role`]). Both are built here from the config, which stays
+//! plain data.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::base::BaseBlockReader;
+use crate::cache::{process_rss_bytes, HostCache};
+use crate::config::{Config, PressureConfig, StoreConfig};
+use crate::control::replies::{
+    CacheReleaseReply, CacheReport, MountReply, MountReport, ServedTenant, StatsReply,
+    TenantListReply, UmountReply,
+};
+use crate::control::{Refusal, RefusalCode, Reply, Request};
+use crate::data_dir::DataDir;
+use crate::fuse::{prepare_mountpoint, MountError, MountOptions, Session};
+use crate::pressure::{Governor, GovernorConfig};
+use crate::store::StoreHost;
+use crate::tenants::{self, TenantError};
+use crate::volume::{Volume, VolumeError};
+
+/// What a serving process is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The host daemon: mounts whatever it is asked to.
+    Daemon,
+    /// A foreground mount of one tenant (mount requests go to the daemon).
+    OneMount { tenant: String },
+}
+
+impl Role {
+    /// How the process names itself in replies.
+    fn label(&self) -> String {
+        match self {
+            Role::Daemon => "tenantfs daemon".into(),
+            Role::OneMount { tenant } => format!("mount of tenant {tenant}"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error("cannot start the cache governor: {0}")]
+    Governor(#[source] std::io::Error),
+    #[error(transparent)]
+    Tenant(#[from] TenantError),
+    #[error("cannot open tenant {tenant}: {source}")]
+    Volume { tenant: String, source: VolumeError },
+}
+
+/// The governor's settings from `[pressure]`, or `None` when it is turned off.
+pub fn governor_config(pressure: &PressureConfig) -> Option<GovernorConfig> {
+    pressure.governor.then(|| GovernorConfig {
+        interval: std::time::Duration::from_millis(pressure.interval_ms),
+        ..GovernorConfig::default()
+    })
+}
+
+/// The shared store resources of `[store]`, on `cache`'s RocksDB cache, or on a small cache of
+/// their own for commands that only create or check a store.
+pub fn store_host(store: &StoreConfig, cache: Option<&HostCache>) -> StoreHost {
+    let builder = StoreHost::builder()
+        .write_buffer_bytes(store.write_buffers.0 as usize)
+        .direct_io(store.direct_io);
+    match cache {
+        Some(c) => builder.block_cache(c.rocksdb().clone()),
+        None => builder.block_cache_bytes(32 << 20),
+    }
+    .build()
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The path a mountpoint is known by (as given when it does not resolve).
+pub fn absolute(p: &Path) -> PathBuf {
+    std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned())
+}
+
+/// A serving process's shared resources and its sessions.
+pub struct ServingHost {
+    data: DataDir,
+    cache: Arc<HostCache>,
+    governor: Option<Governor>,
+    stores: StoreHost,
+    role: Role,
+    sessions: Mutex<BTreeMap<PathBuf, Arc<Session>>>,
+    /// Mountpoints with a mount in progress (the tenant being opened, outside `sessions`' lock).
+    mounting: Mutex<BTreeSet<PathBuf>>,
+}
+
+impl ServingHost {
+    /// The host cache, governor and store resources `config` describes.
+    pub fn start(data: DataDir, config: &Config, role: Role) -> Result<Self, HostError> {
+        let cache = Arc::new(HostCache::new(config.cache.budget.0));
+        let governor = match governor_config(&config.pressure) {
+            Some(g) => Some(
+                Governor::start(cache.clone(), cache.budget(), g).map_err(HostError::Governor)?,
+            ),
+            None => None,
+        };
+        let stores = store_host(&config.store, Some(&cache));
+        Ok(Self {
+            data,
+            cache,
+            governor,
+            stores,
+            role,
+            sessions: Mutex::default(),
+            mounting: Mutex::default(),
+        })
+    }
+
+    pub fn data(&self) -> &DataDir {
+        &self.data
+    }
+
+    pub fn governor(&self) -> Option<&Governor> {
+        self.governor.as_ref()
+    }
+
+    /// Opens `tenant`'s volume on this host's stores and cache. While the tenant's lock is
+    /// held by a process that is exiting, waits for it (`tenants::open_when_free`).
+    pub fn open_volume(&self, tenant: &str) -> Result<Volume, HostError> {
+        let opened = tenants::open_when_free(&self.data, &self.stores, tenant)?;
+        let from_base = opened.info().base.is_some();
+        let mut volume = Volume::open(opened).map_err(|source| HostError::Volume {
+            tenant: tenant.to_owned(),
+            source,
+        })?;
+        if from_base {
+            // Base blocks are read from the host's packs through the host block cache.
+            volume = volume.with_base(Arc::new(BaseBlockReader::new(
+                &self.data,
+                Some(self.cache.clone()),
+            )));
+        }
+        Ok(volume)
+    }
+
+    /// The sessions that still run (those unmounted from outside, by umount(8), are
+    /// forgotten here).
+    fn sessions(&self) -> MutexGuard<'_, BTreeMap<PathBuf, Arc<Session>>> {
+        let mut s = lock(&self.sessions);
+        let before = s.len();
+        s.retain(|_, t| !t.is_finished());
+        if s.len() < before {
+            crate::cache::malloc::give_back_free_heap();
+        }
+        s
+    }
+
+    /// The session at `mountpoint`, if this host serves one there.
+    pub fn session(&self, mountpoint: &Path) -> Option<Arc<Session>> {
+        self.sessions().get(&absolute(mountpoint)).cloned()
+    }
+
+    /// Every running session.
+    pub fn all_sessions(&self) -> Vec<Arc<Session>> {
+        self.sessions().values().cloned().collect()
+    }
+
+    /// Mounts `tenant` at `mountpoint`, served by this process.
+    pub fn mount(
+        &self,
+        tenant: &str,
+        mountpoint: &Path,
+        options: &MountOptions,
+    ) -> Result<MountReply, Refusal> {
+        let path = absolute(mountpoint);
+        {
+            let sessions = self.sessions();
+            if let Some(s) = sessions.get(&path) {
+                return Err(Refusal::new(
+                    RefusalCode::AlreadyMounted,
+                    MountError::AlreadyMounted {
+                        path: path.clone(),
+                        tenant: s.tenant().to_owned(),
+                    }
+                    .to_string(),
+                ));
+            }
+            if !lock(&self.mounting).insert(path.clone()) {
+                return Err(Refusal::new(
+                    RefusalCode::MountInProgress,
+                    format!(
+                        "{} is being mounted right now; wait for that to finish",
+                        path.display()
+                    ),
+                ));
+            }
+        }
+        let started = self.open_and_start(tenant, &path, options);
+        lock(&self.mounting).remove(&path);
+        let session = started.map_err(|message| Refusal::new(RefusalCode::MountFailed, message))?;
+        self.sessions().insert(path.clone(), Arc::new(session));
+        Ok(MountReply {
+            tenant: tenant.to_owned(),
+            mountpoint: path,
+            pid: std::process::id(),
+        })
+    }
+
+    fn open_and_start(
+        &self,
+        tenant: &str,
+        path: &Path,
+        options: &MountOptions,
+    ) -> Result<Session, String> {
+        // Everything that can be checked before the store is opened is, so nothing is touched.
+        prepare_mountpoint(path).map_err(|e| e.to_string())?;
+        let volume = self.open_volume(tenant).map_err(|e| e.to_string())?;
+        Session::start(volume, path, options).map_err(|e| e.to_string())
+    }
+
+    /// Unmounts what this host serves at `mountpoint`, waiting until its store is closed.
+    pub fn umount(&self, mountpoint: &Path) -> Result<UmountReply, Refusal> {
+        let path = absolute(mountpoint);
+        let Some(session) = self.sessions().get(&path).cloned() else {
+            let whom = match self.role {
+                Role::Daemon => "the daemon",
+                Role::OneMount { .. } => "this process",
+            };
+            return Err(Refusal::new(
+                RefusalCode::NotServed,
+                format!("{whom} serves nothing at {}", mountpoint.display()),
+            ));
+        };
+        session.unmount().map_err(|e| {
+            let code = match e {
+                MountError::Busy(_) => RefusalCode::Busy,
+                _ => RefusalCode::UnmountFailed,
+            };
+            Refusal::new(code, e.to_string())
+        })?;
+        lock(&self.sessions).remove(&path);
+        crate::cache::malloc::give_back_free_heap();
+        Ok(UmountReply {
+            tenant: session.tenant().to_owned(),
+        })
+    }
+
+    /// Unmounts everything (busy mounts are detached), waiting for every store to close.
+    pub fn shutdown(&self) {
+        let mut sessions = lock(&self.sessions);
+        for (path, s) in sessions.iter() {
+            if let Err(e) = s.unmount() {
+                tracing::warn!(path = %path.display(), error = %e, "busy at shutdown: detaching");
+                s.detach();
+                s.join();
+            }
+        }
+        sessions.clear();
+    }
+
+    /// Resumes stores that stopped for lack of space once there is room again.
+    pub fn resume_stores(&self) {
+        // Outside the sessions lock: a resume flushes memtables, which can take a while.
+        let served: Vec<_> = self
+            .all_sessions()
+            .iter()
+            .filter_map(|s| s.volume())
+            .collect();
+        for v in served {
+            v.tenant().db().try_resume();
+        }
+    }
+
+    /// The cache's numbers and the governor's state.
+    pub fn cache_report(&self) -> CacheReport {
+        CacheReport {
+            server: self.role.label(),
+            pid: std::process::id(),
+            cache: self.cache.stats(),
+            process_rss_bytes: process_rss_bytes().ok(),
+            ceiling_bytes: self
+                .governor
+                .as_ref()
+                .map_or(self.cache.budget(), Governor::ceiling),
+            governor: self.governor.as_ref().map(Governor::stats),
+        }
+    }
+
+    /// Evicts about `bytes` now and gives the memory back to the kernel.
+    pub fn cache_release(&self, bytes: u64) -> CacheReleaseReply {
+        let rss_before_bytes = process_rss_bytes().ok();
+        let released_bytes = self.cache.release(bytes);
+        // Evicted entries free malloc'd metadata too: hand glibc's free pages back as well.
+        crate::cache::malloc::give_back_free_heap();
+        CacheReleaseReply {
+            server: self.role.label(),
+            pid: std::process::id(),
+            requested_bytes: bytes,
+            released_bytes,
+            rss_before_bytes,
+            rss_after_bytes: process_rss_bytes().ok(),
+        }
+    }
+
+    /// Sets the operator's budget ceiling (the governor may hold the budget lower).
+    pub fn set_cache_budget(&self, bytes: u64) -> CacheReport {
+        match &self.governor {
+            Some(g) => g.set_ceiling(bytes),
+            None => self.cache.set_budget(bytes),
+        }
+        tracing::info!(bytes, "cache budget set by the operator");
+        self.cache_report()
+    }
+
+    /// The served mounts with their activity and store state.
+    pub fn mount_reports(&self) -> Vec<MountReport> {
+        self.all_sessions()
+            .iter()
+            .map(|s| {
+                let store = s.store();
+                MountReport {
+                    tenant: s.tenant().to_owned(),
+                    mountpoint: s.path().to_owned(),
+                    activity: s.metrics().summary(),
+                    direct_io: store.as_ref().map(|(_, d)| *d),
+                    store: store.map(|(s, _)| s),
+                }
+            })
+            .collect()
+    }
+
+    /// The mounts and host numbers (waiting mounts are the daemon's to add).
+    pub fn stats(&self) -> StatsReply {
+        StatsReply {
+            pid: std::process::id(),
+            mounts: self.mount_reports(),
+            waiting_mounts: Vec::new(),
+            cache: self.cache_report(),
+            log_lines_dropped: crate::logging::dropped_lines(),
+        }
+    }
+
+    /// The tenants this host serves, each with its mountpoints (the CLI merges this into the
+    /// data dir's list, so the server does not walk the tenant directories again).
+    pub fn tenant_list(&self) -> TenantListReply {
+        let mut served: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+        for (path, s) in self.sessions().iter() {
+            served
+                .entry(s.tenant().to_owned())
+                .or_default()
+                .push(path.clone());
+        }
+        TenantListReply {
+            tenants: served
+                .into_iter()
+                .map(|(name, mounts)| ServedTenant { name, mounts })
+                .collect(),
+        }
+    }
+
+    /// Answers one control request.
+    pub fn handle(&self, req: Request) -> Result<Reply, Refusal> {
+        Ok(match req {
+            Request::CacheStats => Reply::Cache(self.cache_report()),
+            Request::CacheRelease { bytes } => Reply::CacheRelease(self.cache_release(bytes)),
+            Request::CacheBudget { bytes } => Reply::Cache(self.set_cache_budget(bytes)),
+            Request::Mount {
+                tenant,
+                mountpoint,
+                options,
+            } => {
+                if self.role != Role::Daemon {
+                    return Err(Refusal::new(
+                        RefusalCode::DaemonOnly,
+                        "this process serves one mount; mounts are the daemon's (start it \
+                         with `tenantfs daemon`)",
+                    ));
+                }
+                let options = MountOptions::parse(&options)
+                    .map_err(|e| Refusal::new(RefusalCode::MountFailed, e.to_string()))?;
+                Reply::Mount(self.mount(&tenant, Path::new(&mountpoint), &options)?)
+            }
+            Request::Umount { mountpoint } => Reply::Umount(self.umount(Path::new(&mountpoint))?),
+            Request::Stats => Reply::Stats(self.stats()),
+            Request::TenantList => Reply::TenantList(self.tenant_list()),
+        })
+    }
+
+    /// Everything in the Prometheus text format: per-mount operation series and host numbers.
+    pub fn render_metrics(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        crate::metrics::mount_metric_types(&mut out);
+        let sessions = self.all_sessions();
+        for s in &sessions {
+            s.metrics().render(s.tenant(), &mut out);
+        }
+        let c = self.cache.stats();
+        let g = self.governor.as_ref().map(|g| g.stats());
+        let rss = process_rss_bytes().unwrap_or(0);
+        let host: [(&str, &str, u64); 14] = [
+            ("tenantfs_mounts", "gauge", sessions.len() as u64),
+            ("tenantfs_cache_budget_bytes", "gauge", c.budget_bytes),
+            ("tenantfs_cache_used_bytes", "gauge", c.used_bytes),
+            ("tenantfs_cache_resident_bytes", "gauge", c.resident_bytes),
+            ("tenantfs_cache_hits_total", "counter", c.hits),
+            ("tenantfs_cache_misses_total", "counter", c.misses),
+            ("tenantfs_cache_evictions_total", "counter", c.evictions),
+            (
+                "tenantfs_cache_released_bytes_total",
+                "counter",
+                c.released_bytes,
+            ),
+            (
+                "tenantfs_base_block_cache_hits_total",
+                "counter",
+                c.blocks.hits,
+            ),
+            ("tenantfs_process_rss_bytes", "gauge", rss),
+            (
+                "tenantfs_log_lines_dropped_total",
+                "counter",
+                crate::logging::dropped_lines(),
+            ),
+            (
+                "tenantfs_pressure_events_total",
+                "counter",
+                g.as_ref().map_or(0, |g| g.pressure_events),
+            ),
+            (
+                "tenantfs_governor_shrinks_total",
+                "counter",
+                g.as_ref().map_or(0, |g| g.shrinks),
+            ),
+            (
+                "tenantfs_governor_grows_total",
+                "counter",
+                g.as_ref().map_or(0, |g| g.grows),
+            ),
+        ];
+        for (name, kind, v) in host {
+            let _ = writeln!(out, "# TYPE {name} {kind}\n{name} {v}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_becomes_runtime_settings() {
+        let p = Path::new("t.toml");
+        let c = Config::parse("[pressure]\ninterval_ms = 200\n", p).unwrap();
+        assert_eq!(
+            governor_config(&c.pressure).unwrap().interval,
+            std::time::Duration::from_millis(200)
+        );
+        let off = Config::parse("[pressure]\ngovernor = false\n", p).unwrap();
+        assert!(governor_config(&off.pressure).is_none());
+        assert_eq!(Role::Daemon.label(), "tenantfs daemon");
+        assert_eq!(
+            Role::OneMount { tenant: "a".into() }.label(),
+            "mount of tenant a"
+        );
+    }
+}
