@@ -82,12 +82,14 @@ ASAN_RUSTFLAGS := -Zsanitizer=address -C target-cpu=x86-64-v2 -C target-feature=
 asan: deps
 	@rustup toolchain list | grep -q '^nightly' || rustup toolchain install nightly --profile minimal
 	$(CARGO) build --release --lib
+	@# The library's unit tests, then the integration tests of the cache (module cache_memory).
 	@lib=$$(ls -t $(CARGO_TARGET_DIR)/release/build/librocksdb-sys-*/out/librocksdb.a | head -1); \
-	set -o pipefail; \
+	set -o pipefail; : > $(ASAN_TARGET_DIR).log; \
+	for target in "--lib --" "--test it -- cache_memory::"; do \
 	ROCKSDB_LIB_DIR=$$(dirname $$lib) ROCKSDB_STATIC=1 RUSTFLAGS="$(ASAN_RUSTFLAGS)" \
 	ASAN_OPTIONS=detect_leaks=0 CARGO_TARGET_DIR=$(ASAN_TARGET_DIR) \
 	$(CARGO) +nightly test --release --target x86_64-unknown-linux-gnu --features asan \
-	  --lib --test cache_memory -- --skip drops_rss 2>&1 | tee $(ASAN_TARGET_DIR).log
+	  $$target --skip drops_rss 2>&1 | tee -a $(ASAN_TARGET_DIR).log || exit 1; done
 	@! grep -q "ERROR: AddressSanitizer" $(ASAN_TARGET_DIR).log && echo "asan: clean"
 
 # The binary, the mount(8) helper, the systemd unit and an example config (DESTDIR for staging).

@@ -1,8 +1,7 @@
 //! The pressure readers against this machine's live files (cgroup v1 here; v2 is covered by
 //! fixtures in src/pressure/signals.rs).
 
-#[path = "common/cgroup.rs"]
-mod cgroup;
+use crate::common::cgroup;
 
 use std::path::Path;
 

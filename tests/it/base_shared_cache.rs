@@ -5,7 +5,7 @@
 //! In one process through the library (the host daemon that serves many mounts from one
 //! process is issue 6); the mount path is covered by tests/base_tenants.rs.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 
@@ -24,6 +24,8 @@ const TENANTS: usize = 50;
 
 #[test]
 fn fifty_tenants_share_one_cached_copy_of_their_base() {
+    // It bounds the RSS growth of the process: measured with no other test beside it.
+    crate::alone_in_a_process!("fifty_tenants_share_one_cached_copy_of_their_base");
     let tmp = tempfile::Builder::new()
         .prefix("tenantfs-shared-")
         .tempdir_in("/var/tmp")

@@ -1,6 +1,10 @@
 //! Helpers shared by the integration tests: a real data dir with a real master key in a temp dir.
 #![allow(dead_code)]
 
+pub mod cgroup;
+pub mod mount;
+pub mod process;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 

@@ -2,9 +2,8 @@
 //! absent from the page cache, as measured by fincore(1) (mincore(2) under the hood); a full
 //! disk never turns direct I/O off.
 
-mod common;
-#[path = "common/mount.rs"]
-mod mount;
+use crate::common;
+use crate::common::mount;
 
 use std::path::Path;
 use std::process::Command;

@@ -3,11 +3,9 @@
 //! credentials), and the governor in a real memory-capped cgroup (v1 here) with a memory hog
 //! beside the server: the cache shrinks, nothing is OOM-killed, every read stays correct.
 
-#[path = "common/cgroup.rs"]
-mod cgroup;
-mod common;
-#[path = "common/mount.rs"]
-mod mount;
+use crate::common;
+use crate::common::cgroup;
+use crate::common::mount;
 use cgroup::Cgroup;
 
 use std::path::Path;

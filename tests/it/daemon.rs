@@ -3,9 +3,8 @@
 //! unmounts both and exits 0; kill -9, restart: the configured mounts come back with their
 //! data; a non-root client is refused by the control socket.
 
-mod common;
-#[path = "common/mount.rs"]
-mod mount;
+use crate::common;
+use crate::common::mount;
 
 use std::time::{Duration, Instant};
 

@@ -18,6 +18,8 @@ fn rss_bytes() -> u64 {
 
 #[test]
 fn freeing_half_of_one_gib_drops_rss_by_half_a_gib() {
+    // RSS is the process's: measured in a process of its own, no other test beside it.
+    crate::alone_in_a_process!("freeing_half_of_one_gib_drops_rss_by_half_a_gib");
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let a = SlabAllocator::new();
     let block = 64 << 10;
@@ -62,6 +64,8 @@ fn freeing_half_of_one_gib_drops_rss_by_half_a_gib() {
 
 #[test]
 fn block_cache_release_drops_rss() {
+    // RSS is the process's: measured in a process of its own, no other test beside it.
+    crate::alone_in_a_process!("block_cache_release_drops_rss");
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     // Fill the block cache to 1 GiB of 64 KiB blocks, release 512 MiB: RSS must fall by at
     // least 95% of that within 1 s, and the blocks left must be intact.
@@ -237,6 +241,8 @@ fn filled_store(cache: &RocksBlockCache, count: u64, len: usize) -> (tempfile::T
 
 #[test]
 fn rocksdb_block_cache_release_drops_rss() {
+    // RSS is the process's: measured in a process of its own, no other test beside it.
+    crate::alone_in_a_process!("rocksdb_block_cache_release_drops_rss");
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     // The RocksDB block cache on slab memory: fill it to 1 GiB with blocks read from SSTs
     // (O_DIRECT, so no page cache is involved), release 512 MiB: RSS falls by at least 95% of

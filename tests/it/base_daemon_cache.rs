@@ -3,9 +3,8 @@
 //! data once (cache stats: about 256 MiB of base blocks, one miss per block) and the daemon's
 //! RSS stays near that, not 50 times it. Every read is checked.
 
-mod common;
-#[path = "common/mount.rs"]
-mod mount;
+use crate::common;
+use crate::common::mount;
 
 use mount::*;
 

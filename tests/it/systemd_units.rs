@@ -1,9 +1,7 @@
 //! The shipped systemd units pass `systemd-analyze verify` (with ExecStart pointed at the
 //! binary under test), and the shipped example config passes `tenantfs config check`.
 
-mod common;
-#[path = "common/mount.rs"]
-mod mount;
+use crate::common::mount;
 
 use std::path::Path;
 use std::process::Command;

@@ -2,9 +2,8 @@
 //! within a tree, raw images, a flipped byte in a pack, deletion and reference counts, and a
 //! kill -9 in the middle of an import.
 
-mod common;
-#[path = "common/mount.rs"]
-mod mount;
+use crate::common;
+use crate::common::mount;
 
 use std::path::Path;
 use std::time::Duration;

@@ -3,9 +3,7 @@
 //! symlink to this checkout's mount/mount.tenantfs) unless one is installed already; the
 //! binary under test is passed with $TENANTFS.
 
-mod common;
-#[path = "common/mount.rs"]
-mod mount;
+use crate::common::mount;
 
 use std::path::Path;
 use std::process::Command;

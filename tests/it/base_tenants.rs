@@ -4,9 +4,8 @@
 //! base block is EIO (never wrong data) with a log line naming it, and a base in use cannot be
 //! deleted.
 
-mod common;
-#[path = "common/mount.rs"]
-mod mount;
+use crate::common;
+use crate::common::mount;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,6 +1,6 @@
 //! The command line contract: init, keys, tenant create/list/delete and their errors.
 
-mod common;
+use crate::common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;

@@ -1,7 +1,7 @@
 //! Every byte RocksDB writes for a tenant is encrypted; a wrong key changes nothing; a damaged
 //! SST never returns wrong data. Each runs with direct I/O and with the buffered fallback forced.
 
-mod common;
+use crate::common;
 
 use common::{contains, files_under, noise, snapshot, TestHost};
 use tenantfs::data_dir::{DataDir, DataDirError};

@@ -5,9 +5,8 @@
 //! dir and mountpoints under /var/tmp; every mount, loop device and ext4 mount is undone by a
 //! guard, even on panic.
 
-mod common;
-#[path = "common/mount.rs"]
-mod mount;
+use crate::common;
+use crate::common::mount;
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -10,7 +10,7 @@
 //!
 //! `PROPTEST_CASES=n` runs more (or fewer) cases per profile.
 
-mod common;
+use crate::common;
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -2293,8 +2293,7 @@ fn open_in_child(root: &str, name: &str) -> Volume {
 /// This test binary run again as the child of crash test `test` (its stdout piped), with
 /// `envs` telling it so.
 fn spawn_child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
-    std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+    common::process::this_binary_running(&common::process::test_path(module_path!(), test))
         .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(std::process::Stdio::piped())
         .spawn()
