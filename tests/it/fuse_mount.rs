@@ -1084,6 +1084,8 @@ impl Rng {
 
 fn fallocate(f: &std::fs::File, mode: i32, offset: u64, len: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
+    // SAFETY: fallocate takes a descriptor and three integers; the descriptor is
+    // open for as long as `f` is borrowed.
     let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, len as i64) };
     if r == 0 {
         Ok(())
@@ -1203,6 +1205,8 @@ fn renameat2(from: &Path, to: &Path, flags: u32) -> std::io::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let f = std::ffi::CString::new(from.as_os_str().as_bytes()).unwrap();
     let t = std::ffi::CString::new(to.as_os_str().as_bytes()).unwrap();
+    // SAFETY: both paths are NUL-terminated C strings that live to the end of the
+    // function; renameat2 only reads them.
     let r = unsafe {
         libc::renameat2(
             libc::AT_FDCWD,

@@ -2,6 +2,9 @@
 //! file), one module per subject, helpers in `common`. Each test uses real parts: FUSE mounts,
 //! RocksDB stores, cgroups, child processes of the `tenantfs` binary.
 
+// As in the library: every unsafe block says why it holds.
+#![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
+
 mod base_daemon_cache;
 mod base_shared_cache;
 mod base_store;

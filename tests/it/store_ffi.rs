@@ -15,9 +15,11 @@ fn env_wrapper_layout_matches_c_api() {
     assert!(!rep.is_null());
     // Drive the wrapper through RocksDB's own C API: set, then read back through c.cc's layout.
     env.set_background_threads(3);
+    // SAFETY: `env` owns a live rocksdb_env_t for the whole test; the call only reads it.
     let got = unsafe { librocksdb_sys::rocksdb_env_get_background_threads(env.as_raw_ptr()) };
     assert_eq!(got, 3);
     env.set_background_threads(1);
+    // SAFETY: as above.
     let got = unsafe { librocksdb_sys::rocksdb_env_get_background_threads(env.as_raw_ptr()) };
     assert_eq!(got, 1);
 }

@@ -453,6 +453,8 @@ pub fn hash_file(path: &Path) -> String {
 pub fn xattrs(path: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     let mut names = vec![0u8; 64 * 1024];
+    // SAFETY: `c` is a NUL-terminated path and `names` a buffer of the length passed;
+    // llistxattr writes at most that many bytes into it.
     let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
     assert!(
         n >= 0,
@@ -470,6 +472,8 @@ pub fn xattrs(path: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
         }
         let cn = CString::new(name).unwrap();
         let mut value = vec![0u8; 64 * 1024];
+        // SAFETY: `c` and `cn` are NUL-terminated; `value` is a buffer of the length
+        // passed, which lgetxattr does not write past.
         let len = unsafe {
             libc::lgetxattr(
                 c.as_ptr(),
@@ -488,6 +492,8 @@ pub fn xattrs(path: &Path) -> BTreeMap<Vec<u8>, Vec<u8>> {
 pub fn set_xattr(path: &Path, name: &str, value: &[u8]) {
     let c = CString::new(path.as_os_str().as_bytes()).unwrap();
     let n = CString::new(name).unwrap();
+    // SAFETY: `c` and `n` are NUL-terminated; setxattr reads `value.len()` bytes of
+    // `value`, which it holds.
     let r = unsafe {
         libc::setxattr(
             c.as_ptr(),
@@ -586,12 +592,14 @@ pub fn data_bytes(path: &Path) -> u64 {
     let mut total = 0u64;
     let mut pos = 0i64;
     while pos < size {
+        // SAFETY: lseek takes a descriptor and integers; `fd` is open while `f` lives.
         let data = unsafe { libc::lseek(fd, pos, libc::SEEK_DATA) };
         if data < 0 {
             let e = std::io::Error::last_os_error();
             assert_eq!(e.raw_os_error(), Some(libc::ENXIO), "SEEK_DATA: {e}");
             break;
         }
+        // SAFETY: as above.
         let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
         assert!(
             hole > data,
