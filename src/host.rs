@@ -117,14 +117,6 @@ impl ServingHost {
         })
     }
 
-    pub fn data(&self) -> &DataDir {
-        &self.data
-    }
-
-    pub fn governor(&self) -> Option<&Governor> {
-        self.governor.as_ref()
-    }
-
     /// Opens `tenant`'s volume on this host's stores and cache. While the tenant's lock is
     /// held by a process that is exiting, waits for it (`tenants::open_when_free`).
     pub fn open_volume(&self, tenant: &str) -> Result<Volume, HostError> {
@@ -314,7 +306,7 @@ impl ServingHost {
     }
 
     /// The served mounts with their activity and store state.
-    pub fn mount_reports(&self) -> Vec<MountReport> {
+    fn mount_reports(&self) -> Vec<MountReport> {
         self.all_sessions()
             .iter()
             .map(|s| {

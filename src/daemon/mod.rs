@@ -74,10 +74,6 @@ impl Daemon {
         }))
     }
 
-    pub fn host(&self) -> &ServingHost {
-        &self.host
-    }
-
     /// Mounts `tenant` at `mountpoint` with options as for `tenantfs mount -o`.
     pub fn mount(
         &self,

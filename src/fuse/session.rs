@@ -73,7 +73,6 @@ struct Control {
 pub struct Session {
     tenant: String,
     path: PathBuf,
-    options: MountOptions,
     metrics: Arc<MountMetrics>,
     /// The served volume while the session runs (the serving thread owns it, so the store
     /// closes as soon as the session ends).
@@ -133,7 +132,6 @@ impl Session {
         Ok(Self {
             tenant,
             path: mountpoint.to_owned(),
-            options: options.clone(),
             metrics,
             volume: served,
             control: Mutex::new(Control {
@@ -150,10 +148,6 @@ impl Session {
 
     pub fn path(&self) -> &Path {
         &self.path
-    }
-
-    pub fn options(&self) -> &MountOptions {
-        &self.options
     }
 
     /// The mount's operation counters.
