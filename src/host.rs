@@ -9,6 +9,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+use prometheus_client::registry::Registry;
+
 use crate::base::BaseBlockReader;
 use crate::cache::{process_rss_bytes, HostCache};
 use crate::config::{Config, PressureConfig, StoreConfig};
@@ -19,6 +23,7 @@ use crate::control::replies::{
 use crate::control::{Refusal, RefusalCode, Reply, Request};
 use crate::data_dir::DataDir;
 use crate::fuse::{prepare_mountpoint, MountError, MountOptions, Session};
+use crate::metrics::{self, HostNumbers, MountMetrics};
 use crate::pressure::{Governor, GovernorConfig};
 use crate::store::StoreHost;
 use crate::tenants::{self, TenantError};
@@ -74,6 +79,9 @@ pub fn store_host(store: &StoreConfig, cache: Option<&HostCache>) -> StoreHost {
     .build()
 }
 
+/// The sessions by mountpoint, shared with the metrics collector.
+type Sessions = Arc<Mutex<BTreeMap<PathBuf, Arc<Session>>>>;
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -87,10 +95,12 @@ pub fn absolute(p: &Path) -> PathBuf {
 pub struct ServingHost {
     data: DataDir,
     cache: Arc<HostCache>,
-    governor: Option<Governor>,
+    governor: Option<Arc<Governor>>,
     stores: StoreHost,
     role: Role,
-    sessions: Mutex<BTreeMap<PathBuf, Arc<Session>>>,
+    sessions: Sessions,
+    /// The metrics of this process: one collector over the sessions, cache and governor.
+    registry: Registry,
     /// Mountpoints with a mount in progress (the tenant being opened, outside `sessions`' lock).
     mounting: Mutex<BTreeSet<PathBuf>>,
 }
@@ -100,19 +110,27 @@ impl ServingHost {
     pub fn start(data: DataDir, config: &Config, role: Role) -> Result<Self, HostError> {
         let cache = Arc::new(HostCache::new(config.cache.budget.0));
         let governor = match governor_config(&config.pressure) {
-            Some(g) => Some(
+            Some(g) => Some(Arc::new(
                 Governor::start(cache.clone(), cache.budget(), g).map_err(HostError::Governor)?,
-            ),
+            )),
             None => None,
         };
         let stores = store_host(&config.store, Some(&cache));
+        let sessions = Sessions::default();
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(HostCollector {
+            sessions: sessions.clone(),
+            cache: cache.clone(),
+            governor: governor.clone(),
+        }));
         Ok(Self {
             data,
             cache,
             governor,
             stores,
             role,
-            sessions: Mutex::default(),
+            sessions,
+            registry,
             mounting: Mutex::default(),
         })
     }
@@ -274,8 +292,8 @@ impl ServingHost {
             ceiling_bytes: self
                 .governor
                 .as_ref()
-                .map_or(self.cache.budget(), Governor::ceiling),
-            governor: self.governor.as_ref().map(Governor::stats),
+                .map_or(self.cache.budget(), |g| g.ceiling()),
+            governor: self.governor.as_ref().map(|g| g.stats()),
         }
     }
 
@@ -379,62 +397,61 @@ impl ServingHost {
         })
     }
 
-    /// Everything in the Prometheus text format: per-mount operation series and host numbers.
+    /// The metrics in the OpenMetrics text format: per-mount operation series and host
+    /// numbers (the catalogue is `crate::metrics`).
     pub fn render_metrics(&self) -> String {
-        use std::fmt::Write as _;
-        let mut out = String::new();
-        crate::metrics::mount_metric_types(&mut out);
-        let sessions = self.all_sessions();
-        for s in &sessions {
-            s.metrics().render(s.tenant(), &mut out);
-        }
+        crate::metrics::exposition(&self.registry)
+    }
+}
+
+/// Reads the host's numbers at each scrape.
+struct HostCollector {
+    sessions: Sessions,
+    cache: Arc<HostCache>,
+    governor: Option<Arc<Governor>>,
+}
+
+impl std::fmt::Debug for HostCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for HostCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let sessions: Vec<Arc<Session>> = lock(&self.sessions)
+            .values()
+            .filter(|s| !s.is_finished())
+            .cloned()
+            .collect();
+        let mounts: Vec<(&str, &MountMetrics)> =
+            sessions.iter().map(|s| (s.tenant(), s.metrics())).collect();
+        metrics::encode_mounts(&mut encoder, &mounts)?;
         let c = self.cache.stats();
-        let g = self.governor.as_ref().map(|g| g.stats());
-        let rss = process_rss_bytes().unwrap_or(0);
-        let host: [(&str, &str, u64); 14] = [
-            ("tenantfs_mounts", "gauge", sessions.len() as u64),
-            ("tenantfs_cache_budget_bytes", "gauge", c.budget_bytes),
-            ("tenantfs_cache_used_bytes", "gauge", c.used_bytes),
-            ("tenantfs_cache_resident_bytes", "gauge", c.resident_bytes),
-            ("tenantfs_cache_hits_total", "counter", c.hits),
-            ("tenantfs_cache_misses_total", "counter", c.misses),
-            ("tenantfs_cache_evictions_total", "counter", c.evictions),
-            (
-                "tenantfs_cache_released_bytes_total",
-                "counter",
-                c.released_bytes,
-            ),
-            (
-                "tenantfs_base_block_cache_hits_total",
-                "counter",
-                c.blocks.hits,
-            ),
-            ("tenantfs_process_rss_bytes", "gauge", rss),
-            (
-                "tenantfs_log_lines_dropped_total",
-                "counter",
-                crate::logging::dropped_lines(),
-            ),
-            (
-                "tenantfs_pressure_events_total",
-                "counter",
-                g.as_ref().map_or(0, |g| g.pressure_events),
-            ),
-            (
-                "tenantfs_governor_shrinks_total",
-                "counter",
-                g.as_ref().map_or(0, |g| g.shrinks),
-            ),
-            (
-                "tenantfs_governor_grows_total",
-                "counter",
-                g.as_ref().map_or(0, |g| g.grows),
-            ),
-        ];
-        for (name, kind, v) in host {
-            let _ = writeln!(out, "# TYPE {name} {kind}\n{name} {v}");
-        }
-        out
+        let g = self
+            .governor
+            .as_ref()
+            .map(|g| g.stats())
+            .unwrap_or_default();
+        metrics::encode_host(
+            &mut encoder,
+            &HostNumbers {
+                mounts: mounts.len() as u64,
+                cache_budget_bytes: c.budget_bytes,
+                cache_used_bytes: c.used_bytes,
+                cache_resident_bytes: c.resident_bytes,
+                cache_hits: c.hits,
+                cache_misses: c.misses,
+                cache_evictions: c.evictions,
+                cache_released_bytes: c.released_bytes,
+                base_block_cache_hits: c.blocks.hits,
+                process_rss_bytes: process_rss_bytes().unwrap_or(0),
+                log_lines_dropped: crate::logging::dropped_lines(),
+                pressure_events: g.pressure_events,
+                governor_shrinks: g.shrinks,
+                governor_grows: g.grows,
+            },
+        )
     }
 }
 

@@ -1,9 +1,12 @@
-//! Operation metrics of mounted tenants and their Prometheus text rendering.
+//! The metrics catalogue: every series a serving process exposes, with its help text, in one
+//! place; the per-mount counters they read; and the loopback HTTP endpoint that serves them.
 //!
 //! Each mount counts its FUSE operations by kind (calls, errors, latency histogram) and the
-//! bytes it read and wrote, with relaxed atomics (no lock on the request path). The daemon
-//! renders them, with the host cache's and governor's numbers, in the Prometheus text format
-//! on a loopback address (`[metrics] listen`), and `tenantfs stats` shows them as a table.
+//! bytes it read and wrote, with relaxed atomics (no lock on the request path). At a scrape,
+//! the serving host's collector hands those counters and the host's numbers to
+//! [`encode_mounts`] and [`encode_host`], which write them through `prometheus-client`'s
+//! OpenMetrics encoder (HELP and TYPE lines, one registry per host); `tenantfs stats` reads
+//! the same counters through [`MountMetrics::summary`].
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -13,6 +16,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelValue, EncodeMetric, LabelValueEncoder, NoLabelSet,
+};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 use serde::{Deserialize, Serialize};
 
 /// Operation kinds counted per mount.
@@ -54,7 +64,7 @@ impl Op {
 /// Latency buckets: 2^i microseconds, i = 0..BUCKETS (1 us .. ~4 s), then +Inf.
 const BUCKETS: usize = 23;
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct OpCounters {
     calls: AtomicU64,
     errors: AtomicU64,
@@ -83,7 +93,7 @@ pub struct MountActivity {
 }
 
 /// The counters of one mount.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct MountMetrics {
     ops: [OpCounters; 7],
     read_bytes: AtomicU64,
@@ -169,75 +179,230 @@ impl MountMetrics {
             ring_requests: self.ring_requests.load(Ordering::Relaxed),
         }
     }
+}
 
-    /// Appends this mount's series, labelled with `tenant`.
-    pub fn render(&self, tenant: &str, out: &mut String) {
-        for op in Op::ALL {
-            let c = &self.ops[op as usize];
-            let l = format!("tenant=\"{tenant}\",op=\"{}\"", op.name());
-            let _ = writeln!(
-                out,
-                "tenantfs_ops_total{{{l}}} {}",
-                c.calls.load(Ordering::Relaxed)
-            );
-            let _ = writeln!(
-                out,
-                "tenantfs_op_errors_total{{{l}}} {}",
-                c.errors.load(Ordering::Relaxed)
-            );
-            let mut cum = 0;
-            for i in 0..BUCKETS {
-                cum += c.buckets[i].load(Ordering::Relaxed);
-                let le = (1u64 << (i + 1)) as f64 / 1e6;
-                let _ = writeln!(
-                    out,
-                    "tenantfs_op_latency_seconds_bucket{{{l},le=\"{le}\"}} {cum}"
-                );
+/// A label value with `\`, `"` and newlines escaped, as the text format wants them.
+struct Escaped<'a>(&'a str);
+
+impl EncodeLabelValue for Escaped<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> std::fmt::Result {
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
             }
-            cum += c.buckets[BUCKETS].load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "tenantfs_op_latency_seconds_bucket{{{l},le=\"+Inf\"}} {cum}"
-            );
-            let _ = writeln!(
-                out,
-                "tenantfs_op_latency_seconds_sum{{{l}}} {}",
-                c.sum_ns.load(Ordering::Relaxed) as f64 / 1e9
-            );
-            let _ = writeln!(out, "tenantfs_op_latency_seconds_count{{{l}}} {cum}");
         }
-        let _ = writeln!(
-            out,
-            "tenantfs_read_bytes_total{{tenant=\"{tenant}\"}} {}",
-            self.read_bytes.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "tenantfs_written_bytes_total{{tenant=\"{tenant}\"}} {}",
-            self.written_bytes.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "tenantfs_fuse_ring_requests_total{{tenant=\"{tenant}\"}} {}",
-            self.ring_requests.load(Ordering::Relaxed)
-        );
+        Ok(())
     }
 }
 
-/// The TYPE lines of the per-mount families (once per exposition).
-pub fn mount_metric_types(out: &mut String) {
-    out.push_str(
-        "# TYPE tenantfs_ops_total counter\n\
-         # TYPE tenantfs_op_errors_total counter\n\
-         # TYPE tenantfs_op_latency_seconds histogram\n\
-         # TYPE tenantfs_read_bytes_total counter\n\
-         # TYPE tenantfs_written_bytes_total counter\n\
-         # TYPE tenantfs_fuse_ring_requests_total counter\n",
-    );
+/// One per-mount counter family: its name (without `_total`), help, and value per mount.
+fn encode_mount_counter(
+    encoder: &mut DescriptorEncoder,
+    mounts: &[(&str, &MountMetrics)],
+    name: &str,
+    help: &str,
+    value: impl Fn(&MountMetrics) -> u64,
+) -> std::fmt::Result {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (tenant, m) in mounts {
+        let labels = [("tenant", Escaped(tenant))];
+        ConstCounter::new(value(m)).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
-/// Serves `render()` as `text/plain; version=0.0.4` to every HTTP request on `listen`, which
-/// must be a loopback address (the numbers name tenants). Runs until the process exits.
+/// The per-mount series of `mounts` (tenant name, counters).
+pub fn encode_mounts(
+    encoder: &mut DescriptorEncoder,
+    mounts: &[(&str, &MountMetrics)],
+) -> std::fmt::Result {
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    type OpValue = fn(&OpCounters) -> u64;
+    let per_op: [(&str, &str, OpValue); 2] = [
+        ("tenantfs_ops", "FUSE operations served, by kind.", |c| {
+            c.calls.load(Ordering::Relaxed)
+        }),
+        (
+            "tenantfs_op_errors",
+            "FUSE operations answered with an error, by kind.",
+            |c| c.errors.load(Ordering::Relaxed),
+        ),
+    ];
+    for (name, help, value) in per_op {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (tenant, m) in mounts {
+            for op in Op::ALL {
+                let labels = [("tenant", Escaped(tenant)), ("op", Escaped(op.name()))];
+                ConstCounter::new(value(&m.ops[op as usize]))
+                    .encode(family.encode_family(&labels)?)?;
+            }
+        }
+    }
+    let mut family = encoder.encode_descriptor(
+        "tenantfs_op_latency_seconds",
+        "Time to serve a FUSE operation, by kind.",
+        None,
+        MetricType::Histogram,
+    )?;
+    for (tenant, m) in mounts {
+        for op in Op::ALL {
+            let c = &m.ops[op as usize];
+            let mut buckets: Vec<(f64, u64)> = (0..BUCKETS)
+                .map(|i| ((1u64 << (i + 1)) as f64 / 1e6, load(&c.buckets[i])))
+                .collect();
+            buckets.push((f64::MAX, load(&c.buckets[BUCKETS])));
+            let count = buckets.iter().map(|b| b.1).sum();
+            let labels = [("tenant", Escaped(tenant)), ("op", Escaped(op.name()))];
+            family
+                .encode_family(&labels)?
+                .encode_histogram::<NoLabelSet>(
+                    load(&c.sum_ns) as f64 / 1e9,
+                    count,
+                    &buckets,
+                    None,
+                )?;
+        }
+    }
+    encode_mount_counter(
+        encoder,
+        mounts,
+        "tenantfs_read_bytes",
+        "Bytes read from the mount.",
+        |m| load(&m.read_bytes),
+    )?;
+    encode_mount_counter(
+        encoder,
+        mounts,
+        "tenantfs_written_bytes",
+        "Bytes written to the mount.",
+        |m| load(&m.written_bytes),
+    )?;
+    encode_mount_counter(
+        encoder,
+        mounts,
+        "tenantfs_fuse_ring_requests",
+        "Requests answered over FUSE's io_uring (the rest came over /dev/fuse).",
+        |m| load(&m.ring_requests),
+    )
+}
+
+/// The host's numbers at a scrape.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostNumbers {
+    pub mounts: u64,
+    pub cache_budget_bytes: u64,
+    pub cache_used_bytes: u64,
+    pub cache_resident_bytes: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_evictions: u64,
+    pub cache_released_bytes: u64,
+    pub base_block_cache_hits: u64,
+    pub process_rss_bytes: u64,
+    pub log_lines_dropped: u64,
+    pub pressure_events: u64,
+    pub governor_shrinks: u64,
+    pub governor_grows: u64,
+}
+
+/// The host's series.
+pub fn encode_host(encoder: &mut DescriptorEncoder, h: &HostNumbers) -> std::fmt::Result {
+    let gauges = [
+        ("tenantfs_mounts", "Tenants mounted.", h.mounts),
+        (
+            "tenantfs_cache_budget_bytes",
+            "The host cache's budget now (the governor may hold it under the ceiling).",
+            h.cache_budget_bytes,
+        ),
+        (
+            "tenantfs_cache_used_bytes",
+            "Bytes the host cache holds.",
+            h.cache_used_bytes,
+        ),
+        (
+            "tenantfs_cache_resident_bytes",
+            "Cache memory that may be resident (slabs in use and the pool of free slots).",
+            h.cache_resident_bytes,
+        ),
+        (
+            "tenantfs_process_rss_bytes",
+            "Resident memory of the serving process.",
+            h.process_rss_bytes,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        let metric = ConstGauge::new(v as i64);
+        metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+    }
+    let counters = [
+        ("tenantfs_cache_hits", "Host cache hits.", h.cache_hits),
+        (
+            "tenantfs_cache_misses",
+            "Host cache misses.",
+            h.cache_misses,
+        ),
+        (
+            "tenantfs_cache_evictions",
+            "Entries evicted from the host cache.",
+            h.cache_evictions,
+        ),
+        (
+            "tenantfs_cache_released_bytes",
+            "Cache memory given back to the kernel.",
+            h.cache_released_bytes,
+        ),
+        (
+            "tenantfs_base_block_cache_hits",
+            "Base image blocks served from the host cache.",
+            h.base_block_cache_hits,
+        ),
+        (
+            "tenantfs_log_lines_dropped",
+            "Log lines that could not be written (a full disk) and were dropped.",
+            h.log_lines_dropped,
+        ),
+        (
+            "tenantfs_pressure_events",
+            "Governor ticks on which memory pressure was seen.",
+            h.pressure_events,
+        ),
+        (
+            "tenantfs_governor_shrinks",
+            "Times the governor shrank the cache budget.",
+            h.governor_shrinks,
+        ),
+        (
+            "tenantfs_governor_grows",
+            "Times the governor grew the cache budget back.",
+            h.governor_grows,
+        ),
+    ];
+    for (name, help, v) in counters {
+        let metric = ConstCounter::new(v);
+        metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+    }
+    Ok(())
+}
+
+/// The OpenMetrics text of everything `registry` holds, with its closing `# EOF`.
+pub fn exposition(registry: &Registry) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail; a collector's own error would end the text early.
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut out, registry) {
+        tracing::error!(error = %e, "cannot encode the metrics");
+    }
+    out
+}
+
+/// The content type of [`exposition`]'s text.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Serves `render()` to every HTTP request on `listen`, which must be a loopback address (the
+/// numbers name tenants), each connection on a thread of its own: a client that connects and
+/// stalls holds up no other scrape. Runs until the process exits.
 pub fn serve(
     listen: SocketAddr,
     render: Arc<dyn Fn() -> String + Send + Sync>,
@@ -254,31 +419,57 @@ pub fn serve(
         .name("tenantfs-metrics".into())
         .spawn(move || {
             for conn in listener.incoming().flatten() {
-                let mut conn = conn;
-                let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
-                // Read the request head; any path gets the metrics.
-                let mut reader = BufReader::new(match conn.try_clone() {
-                    Ok(c) => c,
-                    Err(_) => continue,
-                });
-                let mut line = String::new();
-                while reader.read_line(&mut line).map(|n| n > 2).unwrap_or(false) {
-                    line.clear();
+                let render = render.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("tenantfs-scrape".into())
+                    .spawn(move || answer_scrape(conn, &*render));
+                if let Err(e) = spawned {
+                    tracing::warn!(error = %e, "cannot start a thread for a metrics scrape");
                 }
-                let body = render();
-                let _ = write!(
-                    conn,
-                    "HTTP/1.0 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\n\r\n{body}",
-                    body.len()
-                );
             }
         })?;
     Ok(bound)
 }
 
+/// Reads one request head (any path gets the metrics) and answers it.
+fn answer_scrape(mut conn: std::net::TcpStream, render: &(dyn Fn() -> String + Send + Sync)) {
+    let _ = conn.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let Ok(head) = conn.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(head);
+    let mut line = String::new();
+    while reader.read_line(&mut line).map(|n| n > 2).unwrap_or(false) {
+        line.clear();
+    }
+    let body = render();
+    let _ = write!(
+        conn,
+        "HTTP/1.0 200 OK\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A registry with one collector over `mounts`, as the serving host builds it.
+    fn registry(mounts: Vec<(String, Arc<MountMetrics>)>, host: HostNumbers) -> Registry {
+        #[derive(Debug)]
+        struct Fixed(Vec<(String, Arc<MountMetrics>)>, HostNumbers);
+        impl prometheus_client::collector::Collector for Fixed {
+            fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+                let mounts: Vec<(&str, &MountMetrics)> =
+                    self.0.iter().map(|(t, m)| (t.as_str(), &**m)).collect();
+                encode_mounts(&mut encoder, &mounts)?;
+                encode_host(&mut encoder, &self.1)
+            }
+        }
+        let mut r = Registry::default();
+        r.register_collector(Box::new(Fixed(mounts, host)));
+        r
+    }
 
     #[test]
     fn buckets_and_rendering() {
@@ -291,19 +482,58 @@ mod tests {
         m.record(Op::Read, t, true);
         m.record(Op::Read, t, false);
         m.add_read_bytes(4096);
-        let mut out = String::new();
-        m.render("alice", &mut out);
-        assert!(
-            out.contains("tenantfs_ops_total{tenant=\"alice\",op=\"read\"} 2"),
-            "{out}"
-        );
-        assert!(out.contains("tenantfs_op_errors_total{tenant=\"alice\",op=\"read\"} 1"));
-        assert!(out.contains("tenantfs_op_latency_seconds_count{tenant=\"alice\",op=\"read\"} 2"));
-        assert!(out.contains("tenantfs_read_bytes_total{tenant=\"alice\"} 4096"));
+        let host = HostNumbers {
+            mounts: 2,
+            cache_hits: 7,
+            ..HostNumbers::default()
+        };
+        let out = exposition(&registry(
+            vec![
+                ("alice".into(), m.clone()),
+                ("we\"ird\\name\n".into(), MountMetrics::new()),
+            ],
+            host,
+        ));
+        for want in [
+            "# HELP tenantfs_ops FUSE operations served, by kind.",
+            "# TYPE tenantfs_ops counter",
+            "tenantfs_ops_total{tenant=\"alice\",op=\"read\"} 2",
+            "tenantfs_op_errors_total{tenant=\"alice\",op=\"read\"} 1",
+            "# TYPE tenantfs_op_latency_seconds histogram",
+            "tenantfs_op_latency_seconds_count{tenant=\"alice\",op=\"read\"} 2",
+            "tenantfs_op_latency_seconds_bucket{le=\"+Inf\",tenant=\"alice\",op=\"read\"} 2",
+            "tenantfs_read_bytes_total{tenant=\"alice\"} 4096",
+            // A label value is escaped as the text format asks.
+            "tenantfs_read_bytes_total{tenant=\"we\\\"ird\\\\name\\n\"} 0",
+            "# TYPE tenantfs_mounts gauge",
+            "tenantfs_mounts 2",
+            "# HELP tenantfs_cache_hits Host cache hits.",
+            "tenantfs_cache_hits_total 7",
+        ] {
+            assert!(out.contains(want), "{want:?} not in\n{out}");
+        }
+        assert!(out.ends_with("# EOF\n"), "{out}");
+        // The summary `tenantfs stats` shows reads the same counters.
         let s = m.summary();
         assert_eq!(s.ops["read"].calls, 2);
         assert_eq!(s.ops["read"].errors, 1);
         assert!(!s.ops.contains_key("write"));
+    }
+
+    #[test]
+    fn a_stalled_client_holds_up_no_other_scrape() {
+        let render: Arc<dyn Fn() -> String + Send + Sync> = Arc::new(|| "x 1\n".to_string());
+        let addr = serve("127.0.0.1:0".parse().unwrap(), render).unwrap();
+        // Connects and sends nothing: its thread waits up to 5 s for the request head.
+        let _stalled = std::net::TcpStream::connect(addr).unwrap();
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        // Well under those 5 s: served one after the other, this read would time out.
+        s.set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+        let mut body = String::new();
+        std::io::Read::read_to_string(&mut s, &mut body).unwrap();
+        assert!(body.ends_with("x 1\n"), "{body}");
     }
 
     #[test]

@@ -85,10 +85,17 @@ fn daemon_serves_two_tenants_and_stops_cleanly() {
         "{body}"
     );
     assert!(body.contains("tenantfs_mounts 2"), "{body}");
-    assert!(
-        body.contains("# TYPE tenantfs_cache_hits_total counter"),
-        "{body}"
-    );
+    // OpenMetrics: HELP and TYPE lines name the family, a counter's sample ends in _total,
+    // and the text ends in # EOF.
+    for want in [
+        "# HELP tenantfs_cache_hits ",
+        "# TYPE tenantfs_cache_hits counter",
+        "\ntenantfs_cache_hits_total ",
+        "Content-Type: application/openmetrics-text",
+    ] {
+        assert!(body.contains(want), "{want:?} not in {body}");
+    }
+    assert!(body.ends_with("# EOF\n"), "{body}");
     let err = h.fails(&["mount", "a", mb.to_str().unwrap()]);
     assert!(
         err.contains("already mounted") || err.contains("in use"),
