@@ -54,6 +54,7 @@ lint: deps
 	$(CARGO) fmt --check
 	$(CARGO) clippy --release --all-targets -- -D warnings
 	python3 tools/module_cycles.py src
+	python3 tools/module_cycles.py tests/it
 
 bench: build
 	@$(FUSE_PAGES)

@@ -308,6 +308,16 @@ pub struct HostNumbers {
     pub governor_grows: u64,
 }
 
+/// A family of one unlabelled series.
+fn encode_one(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    metric: &impl EncodeMetric,
+) -> std::fmt::Result {
+    metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)
+}
+
 /// The host's series.
 pub fn encode_host(encoder: &mut DescriptorEncoder, h: &HostNumbers) -> std::fmt::Result {
     let gauges = [
@@ -334,8 +344,7 @@ pub fn encode_host(encoder: &mut DescriptorEncoder, h: &HostNumbers) -> std::fmt
         ),
     ];
     for (name, help, v) in gauges {
-        let metric = ConstGauge::new(v as i64);
-        metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        encode_one(encoder, name, help, &ConstGauge::new(v as i64))?;
     }
     let counters = [
         ("tenantfs_cache_hits", "Host cache hits.", h.cache_hits),
@@ -381,8 +390,7 @@ pub fn encode_host(encoder: &mut DescriptorEncoder, h: &HostNumbers) -> std::fmt
         ),
     ];
     for (name, help, v) in counters {
-        let metric = ConstCounter::new(v);
-        metric.encode(encoder.encode_descriptor(name, help, None, metric.metric_type())?)?;
+        encode_one(encoder, name, help, &ConstCounter::new(v))?;
     }
     Ok(())
 }

@@ -4,9 +4,8 @@
 //! RSS stays near that, not 50 times it. Every read is checked.
 
 use crate::common;
-use crate::common::mount;
-
-use mount::*;
+use crate::common::mount::{start_daemon, Host};
+use crate::common::trees::hash_file;
 
 const MIB: u64 = 1 << 20;
 const FILES: u64 = 32;

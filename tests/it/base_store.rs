@@ -3,7 +3,7 @@
 //! kill -9 in the middle of an import.
 
 use crate::common;
-use crate::common::mount;
+use crate::common::mount::Host;
 
 use std::path::Path;
 use std::time::Duration;
@@ -227,7 +227,7 @@ fn delete_releases_only_unshared_blocks() {
 
 #[test]
 fn kill9_during_import_leaves_a_store_that_opens_and_verifies() {
-    let h = mount::Host::new("basekill");
+    let h = Host::new("basekill");
     let src = h.root().join("big");
     std::fs::create_dir_all(&src).unwrap();
     for i in 0..24u64 {

@@ -5,13 +5,15 @@
 //! deleted.
 
 use crate::common;
-use crate::common::mount;
+use crate::common::guards::{FsMount, LoopDev};
+use crate::common::mount::Host;
+use crate::common::process::{check, output};
+use crate::common::trees::{assert_same_tree, hash_file, manifest};
 
 use std::path::Path;
 use std::process::Command;
 
 use common::noise;
-use mount::*;
 
 /// A small real tree: this crate's sources, a multi-block file, a file of one repeated block,
 /// a symlink, a sparse file, odd modes.

@@ -5,7 +5,9 @@
 
 use crate::common;
 use crate::common::cgroup;
-use crate::common::mount;
+use crate::common::mount::Host;
+use crate::common::process::{alive, check_fails, request_as_nobody, BIN};
+use crate::common::trees::write_synced;
 use cgroup::Cgroup;
 
 use std::path::Path;
@@ -14,7 +16,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::noise;
-use mount::*;
 
 const MIB: u64 = 1 << 20;
 

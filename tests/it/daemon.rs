@@ -4,11 +4,12 @@
 //! data; a non-root client is refused by the control socket.
 
 use crate::common;
-use crate::common::mount;
+use crate::common::guards::{enable_fuse_uring, small_ext4, tenantfs_mounted};
+use crate::common::mount::{start_daemon, start_daemon_env, start_daemon_logging_to, Host};
+use crate::common::process::{alive, check, cmd, request_as_nobody, wait_gone};
+use crate::common::trees::{set_xattr, write_synced, xattrs};
 
 use std::time::{Duration, Instant};
-
-use mount::*;
 
 #[test]
 fn daemon_serves_two_tenants_and_stops_cleanly() {

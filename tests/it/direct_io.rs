@@ -3,7 +3,7 @@
 //! disk never turns direct I/O off.
 
 use crate::common;
-use crate::common::mount;
+use crate::common::guards::{small_ext4, FsMount};
 
 use std::path::Path;
 use std::process::Command;
@@ -97,7 +97,7 @@ fn data_dir_on_small_disk(
     prefix: &str,
 ) -> (
     tempfile::TempDir,
-    mount::FsMount,
+    FsMount,
     std::path::PathBuf,
     std::path::PathBuf,
     tenantfs::data_dir::DataDir,
@@ -106,7 +106,7 @@ fn data_dir_on_small_disk(
         .prefix(&format!("tenantfs-{prefix}-"))
         .tempdir_in("/var/tmp")
         .unwrap();
-    let (fs, disk) = mount::small_ext4(tmp.path(), 64 << 20);
+    let (fs, disk) = small_ext4(tmp.path(), 64 << 20);
     let root = fs.join("data");
     tenantfs::data_dir::DataDir::init(&root, None).unwrap();
     let data = tenantfs::data_dir::DataDir::open(&root, None).unwrap();

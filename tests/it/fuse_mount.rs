@@ -6,7 +6,12 @@
 //! guard, even on panic.
 
 use crate::common;
-use crate::common::mount;
+use crate::common::guards::{mounted, tenantfs_mounted, FsMount, LoopDev};
+use crate::common::mount::Host;
+use crate::common::process::{check, cmd, output, wait_gone};
+use crate::common::trees::{
+    assert_same_tree, data_bytes, manifest, set_xattr, sync_dir, write_synced, xattrs, Node,
+};
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -14,7 +19,6 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{contains, files_under, noise, snapshot};
-use mount::*;
 
 const MIB: usize = 1 << 20;
 

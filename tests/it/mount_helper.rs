@@ -3,13 +3,12 @@
 //! symlink to this checkout's mount/mount.tenantfs) unless one is installed already; the
 //! binary under test is passed with $TENANTFS.
 
-use crate::common::mount;
-
+use crate::common::guards::tenantfs_mounted;
+use crate::common::mount::{start_daemon, Host};
+use crate::common::process::{check, output, BIN};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-use mount::*;
 
 fn install_helper() {
     static ONCE: std::sync::Once = std::sync::Once::new();

@@ -1,12 +1,9 @@
 //! The shipped systemd units pass `systemd-analyze verify` (with ExecStart pointed at the
 //! binary under test), and the shipped example config passes `tenantfs config check`.
 
-use crate::common::mount;
-
+use crate::common::process::{check, BIN};
 use std::path::Path;
 use std::process::Command;
-
-use mount::{check, BIN};
 
 #[test]
 fn units_verify_clean() {

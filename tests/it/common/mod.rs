@@ -2,8 +2,10 @@
 #![allow(dead_code)]
 
 pub mod cgroup;
+pub mod guards;
 pub mod mount;
 pub mod process;
+pub mod trees;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,12 @@
-//! This test binary run again as a child process: for crash tests (a child killed in the
-//! middle of its work) and for tests that measure the process itself (RSS), which the other
-//! tests' threads in this one binary would disturb.
+//! Processes: running commands (the `tenantfs` binary, shell scripts) and checking how they
+//! ended, whether a process is alive, the daemon as a child; and this test binary run again
+//! as a child process, for crash tests (a child killed in the middle of its work) and for
+//! tests that measure the process itself (RSS), which the other tests' threads in this one
+//! binary would disturb.
 
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The name libtest knows a test by (`module::function`, without the binary's crate name),
 /// from `module_path!()` at the test and the function's name.
@@ -57,4 +61,97 @@ macro_rules! alone_in_a_process {
             return;
         }
     };
+}
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_tenantfs");
+
+/// Runs `cmd`, returns its output (spawn failures panic with the program name).
+pub fn output(cmd: &mut Command) -> Output {
+    cmd.output()
+        .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", cmd.get_program()))
+}
+
+fn show(cmd: &Command, out: &Output) -> String {
+    format!(
+        "{cmd:?}: {}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Runs `cmd`, asserts it succeeded, returns stdout.
+pub fn check(cmd: &mut Command) -> String {
+    let out = output(cmd);
+    assert!(out.status.success(), "{}", show(cmd, &out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `cmd`, asserts it failed, returns stderr.
+pub fn check_fails(cmd: &mut Command) -> String {
+    let out = output(cmd);
+    assert!(!out.status.success(), "succeeded: {}", show(cmd, &out));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `prog args...` as a Command.
+pub fn cmd(prog: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(prog);
+    c.args(args);
+    c
+}
+
+/// Runs a shell snippet; asserts success; returns stdout.
+pub fn sh(script: &str) -> String {
+    check(Command::new("sh").args(["-c", script]))
+}
+
+/// Whether a task's stat line shows it running (not a zombie or dead).
+fn task_runs(stat: &str) -> bool {
+    // "pid (comm) S ...": the state follows the last ')'.
+    stat.rsplit_once(')')
+        .map(|(_, rest)| rest.trim_start())
+        .is_some_and(|rest| !rest.starts_with('Z') && !rest.starts_with('X'))
+}
+
+/// Whether process `pid` still runs: any of its threads is not yet a zombie. (Its leader turns
+/// zombie before the other threads are done; until the last one exits, the process still holds
+/// its files and locks. A zombie holds none, and nobody may reap it here.)
+pub fn alive(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks
+        .flatten()
+        .any(|t| std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| task_runs(&s)))
+}
+
+pub fn wait_gone(pid: u32, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while alive(pid) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    true
+}
+
+/// Sends one JSON request line to the control socket at `socket` as uid/gid 65534 (python3
+/// through setpriv) and returns the response line: what a non-root client gets.
+pub fn request_as_nobody(socket: &Path, request: &str) -> String {
+    let script = format!(
+        "import socket; s = socket.socket(socket.AF_UNIX); s.connect({:?}); \
+         s.sendall({:?}.encode() + b'\\n'); print(s.makefile().readline())",
+        socket.to_str().unwrap(),
+        request
+    );
+    check(Command::new("setpriv").args([
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "/usr/bin/python3",
+        "-c",
+        &script,
+    ]))
 }
