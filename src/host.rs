@@ -22,7 +22,7 @@ use crate::control::replies::{
 };
 use crate::control::{Refusal, RefusalCode, Reply, Request};
 use crate::data_dir::DataDir;
-use crate::fuse::{prepare_mountpoint, MountError, MountOptions, Session};
+use crate::fuse::{MountError, MountOptions, Session};
 use crate::metrics::{self, HostNumbers, MountMetrics};
 use crate::pressure::{Governor, GovernorConfig};
 use crate::store::StoreHost;
@@ -223,8 +223,9 @@ impl ServingHost {
         path: &Path,
         options: &MountOptions,
     ) -> Result<Session, String> {
-        // Everything that can be checked before the store is opened is, so nothing is touched.
-        prepare_mountpoint(path).map_err(|e| e.to_string())?;
+        // The tenant first: after a kill -9 of the server that had it, opening waits for the
+        // exiting holder, by which time the kernel has made its old mount dead, which
+        // `Session::start` then detaches (checked first, a mount still dying looks live).
         let volume = self.open_volume(tenant).map_err(|e| e.to_string())?;
         Session::start(volume, path, options).map_err(|e| e.to_string())
     }
