@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 
+use crate::generators::{length, offset};
+
 const BIN: &str = env!("CARGO_BIN_EXE_tenantfs");
 
 /// One mount for the whole test; each case works in fresh subdirectories. Unmounts on drop.
@@ -94,18 +96,18 @@ impl Fixture {
 enum Op {
     Write {
         file: u8,
-        offset: u32,
-        len: u16,
+        offset: u64,
+        len: u64,
         byte: u8,
     },
     Read {
         file: u8,
-        offset: u32,
-        len: u16,
+        offset: u64,
+        len: u64,
     },
     Truncate {
         file: u8,
-        size: u32,
+        size: u64,
     },
     Mkdir {
         dir: u8,
@@ -151,11 +153,11 @@ fn name(i: u8) -> String {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (any::<u8>(), 0u32..40_000, 0u16..9000, any::<u8>())
+        4 => (any::<u8>(), offset(), length(), any::<u8>())
             .prop_map(|(file, offset, len, byte)| Op::Write { file, offset, len, byte }),
-        2 => (any::<u8>(), 0u32..45_000, 1u16..9000)
+        2 => (any::<u8>(), offset(), length())
             .prop_map(|(file, offset, len)| Op::Read { file, offset, len }),
-        1 => (any::<u8>(), 0u32..45_000).prop_map(|(file, size)| Op::Truncate { file, size }),
+        1 => (any::<u8>(), offset()).prop_map(|(file, size)| Op::Truncate { file, size }),
         2 => any::<u8>().prop_map(|dir| Op::Mkdir { dir }),
         1 => any::<u8>().prop_map(|file| Op::Unlink { file }),
         1 => any::<u8>().prop_map(|dir| Op::Rmdir { dir }),
@@ -196,17 +198,17 @@ fn apply(root: &Path, op: &Op) -> Outcome {
                     .create(true)
                     .truncate(false)
                     .open(p(file))?;
-                f.seek(SeekFrom::Start(offset.into()))?;
-                f.write_all(&vec![byte; len.into()])
+                f.seek(SeekFrom::Start(offset))?;
+                f.write_all(&vec![byte; len as usize])
             })(),
             |_| vec![],
         ),
         Op::Read { file, offset, len } => outcome(
             (|| {
                 let mut f = fs::File::open(p(file))?;
-                f.seek(SeekFrom::Start(offset.into()))?;
+                f.seek(SeekFrom::Start(offset))?;
                 let mut buf = Vec::new();
-                f.take(len.into()).read_to_end(&mut buf)?;
+                f.take(len).read_to_end(&mut buf)?;
                 Ok(buf)
             })(),
             |b| b,
@@ -215,7 +217,7 @@ fn apply(root: &Path, op: &Op) -> Outcome {
             OpenOptions::new()
                 .write(true)
                 .open(p(file))
-                .and_then(|f| f.set_len(size.into())),
+                .and_then(|f| f.set_len(size)),
             |_| vec![],
         ),
         Op::Mkdir { dir } => outcome(fs::create_dir(p(dir)), |_| vec![]),

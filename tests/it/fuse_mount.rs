@@ -12,11 +12,14 @@ use crate::common::process::{check, cmd, output, wait_gone};
 use crate::common::trees::{
     assert_same_tree, data_bytes, manifest, set_xattr, sync_dir, write_synced, xattrs, Node,
 };
+use crate::generators::{data_op, namespace_step, sequence, DataOp, NamespaceOp};
 
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
+
+use tenantfs::volume::{Fallocate, RenameMode};
 
 use common::{contains, files_under, noise, snapshot};
 
@@ -1071,21 +1074,6 @@ fn no_plaintext_at_rest() {
     scan("after remount");
 }
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn fallocate(f: &std::fs::File, mode: i32, offset: u64, len: u64) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     // SAFETY: fallocate takes a descriptor and three integers; the descriptor is
@@ -1121,57 +1109,59 @@ fn random_ops_match_reference() {
                 .open(dir.join(format!("r{i}")))
                 .unwrap()
         };
-        let mut rng = Rng(0x5EED_0000 + round as u64);
         let mut pairs: Vec<_> = (0..FILES)
             .map(|i| (open(&mnt, i), open(&reference, i)))
             .collect();
-        for step in 0..5000 {
-            let i = rng.below(FILES as u64) as usize;
-            let off = rng.below(SPAN);
-            let max = if rng.below(4) == 0 { 300_000 } else { 9000 };
-            let len = 1 + rng.below(max);
+        let steps = sequence(data_op(FILES, SPAN), 5000, 0x5EED_0000 + round as u64);
+        for (step, op) in steps.into_iter().enumerate() {
+            let ctx = format!("round {round} step {step}: {op:?}");
+            let i = match op {
+                DataOp::Write { file, .. }
+                | DataOp::Read { file, .. }
+                | DataOp::Truncate { file, .. }
+                | DataOp::Fallocate { file, .. }
+                | DataOp::SyncData { file }
+                | DataOp::Reopen { file } => file,
+            };
             let (a, b) = &pairs[i];
-            let what = rng.below(100);
-            let ctx = format!("round {round} step {step} file {i} op {what} at {off}+{len}");
-            match what {
-                0..=49 => {
-                    let data = noise(rng.next(), len as usize);
-                    a.write_all_at(&data, off).unwrap();
-                    b.write_all_at(&data, off).unwrap();
+            match op {
+                DataOp::Write {
+                    offset, data, len, ..
+                } => {
+                    let data = data.bytes(len as usize);
+                    a.write_all_at(&data, offset).unwrap();
+                    b.write_all_at(&data, offset).unwrap();
                 }
-                50..=79 => {
+                DataOp::Read { offset, len, .. } => {
                     let mut x = vec![0u8; len as usize];
                     let mut y = vec![0u8; len as usize];
-                    let n = a.read_at(&mut x, off).unwrap();
-                    let k = b.read_at(&mut y, off).unwrap();
+                    let n = a.read_at(&mut x, offset).unwrap();
+                    let k = b.read_at(&mut y, offset).unwrap();
                     assert_eq!(n, k, "{ctx}: read lengths");
                     assert!(x[..n] == y[..k], "{ctx}: read differs");
                 }
-                80..=85 => {
-                    let size = rng.below(SPAN);
+                DataOp::Truncate { size, .. } => {
                     a.set_len(size).unwrap();
                     b.set_len(size).unwrap();
                 }
-                86..=91 => {
-                    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
-                    fallocate(a, mode, off, len).unwrap();
-                    fallocate(b, mode, off, len).unwrap();
-                }
-                92..=95 => {
-                    let keep = if rng.below(2) == 0 {
-                        libc::FALLOC_FL_KEEP_SIZE
-                    } else {
-                        0
+                DataOp::Fallocate {
+                    offset, len, mode, ..
+                } => {
+                    let keep = |k: bool| if k { libc::FALLOC_FL_KEEP_SIZE } else { 0 };
+                    let mode = match mode {
+                        Fallocate::Allocate { keep_size } => keep(keep_size),
+                        Fallocate::PunchHole => {
+                            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE
+                        }
+                        Fallocate::ZeroRange { keep_size } => {
+                            libc::FALLOC_FL_ZERO_RANGE | keep(keep_size)
+                        }
                     };
-                    let mode = libc::FALLOC_FL_ZERO_RANGE | keep;
-                    fallocate(a, mode, off, len).unwrap();
-                    fallocate(b, mode, off, len).unwrap();
+                    fallocate(a, mode, offset, len).unwrap();
+                    fallocate(b, mode, offset, len).unwrap();
                 }
-                96..=97 => {
-                    a.sync_data().unwrap();
-                }
-                _ => {
-                    // Reopen: what the kernel caches per open file must not matter.
+                DataOp::SyncData { .. } => a.sync_data().unwrap(),
+                DataOp::Reopen { .. } => {
                     pairs[i] = (open(&mnt, i), open(&reference, i));
                 }
             }
@@ -1260,40 +1250,43 @@ fn random_namespace_matches_reference() {
     ];
     for (round, opts) in ["", "cache=kernel"].into_iter().enumerate() {
         let m = h.mount("t", &mnt, opts);
-        let mut rng = Rng(0xA11CE + round as u64);
         // Open files in both trees (possibly unlinked since), read and written later.
         let mut open: Vec<(std::fs::File, std::fs::File)> = Vec::new();
         let mut succeeded = 0;
-        for step in 0..3000 {
-            let p = PATHS[rng.below(PATHS.len() as u64) as usize];
-            let q = PATHS[rng.below(PATHS.len() as u64) as usize];
-            let op = rng.below(13);
-            let seed = rng.next();
+        let steps = sequence(namespace_step(PATHS.len()), 3000, 0xA11CE + round as u64);
+        for (step, s) in steps.into_iter().enumerate() {
+            let (p, q, seed, op) = (PATHS[s.p], PATHS[s.q], s.seed, s.op);
             let run = |root: &Path| -> std::io::Result<()> {
                 let (p, q) = (root.join(p), root.join(q));
                 match op {
-                    0 => std::fs::OpenOptions::new()
+                    NamespaceOp::CreateNew => std::fs::OpenOptions::new()
                         .write(true)
                         .create_new(true)
                         .open(&p)?
                         .write_all(&noise(seed, (seed % 20_000) as usize)),
-                    1 => std::fs::OpenOptions::new()
+                    NamespaceOp::Append => std::fs::OpenOptions::new()
                         .append(true)
                         .open(&p)?
                         .write_all(&noise(seed, (seed % 5000) as usize)),
-                    2 => std::fs::create_dir(&p),
-                    3 => std::fs::remove_dir(&p),
-                    4 => std::fs::remove_file(&p),
-                    5 | 6 => std::fs::rename(&p, &q),
-                    7 => renameat2(&p, &q, libc::RENAME_NOREPLACE),
-                    8 => renameat2(&p, &q, libc::RENAME_EXCHANGE),
-                    9 => std::fs::hard_link(&p, &q),
-                    10 => std::os::unix::fs::symlink(format!("target-{}", seed % 3), &q),
-                    11 => std::fs::set_permissions(
+                    NamespaceOp::Mkdir => std::fs::create_dir(&p),
+                    NamespaceOp::Rmdir => std::fs::remove_dir(&p),
+                    NamespaceOp::Unlink => std::fs::remove_file(&p),
+                    NamespaceOp::Rename(RenameMode::Replace) => std::fs::rename(&p, &q),
+                    NamespaceOp::Rename(RenameMode::NoReplace) => {
+                        renameat2(&p, &q, libc::RENAME_NOREPLACE)
+                    }
+                    NamespaceOp::Rename(RenameMode::Exchange) => {
+                        renameat2(&p, &q, libc::RENAME_EXCHANGE)
+                    }
+                    NamespaceOp::Link => std::fs::hard_link(&p, &q),
+                    NamespaceOp::Symlink => {
+                        std::os::unix::fs::symlink(format!("target-{}", seed % 3), &q)
+                    }
+                    NamespaceOp::Chmod => std::fs::set_permissions(
                         &p,
                         std::fs::Permissions::from_mode(0o600 + (seed % 0o100) as u32),
                     ),
-                    _ => std::fs::OpenOptions::new()
+                    NamespaceOp::Open => std::fs::OpenOptions::new()
                         .read(true)
                         .write(true)
                         .open(&p)
@@ -1301,13 +1294,13 @@ fn random_namespace_matches_reference() {
                 }
             };
             let (x, y) = (run(&mnt), run(&reference));
-            let ctx = format!("round {round} step {step}: op {op} {p} -> {q}");
+            let ctx = format!("round {round} step {step}: {op:?} {p} -> {q}");
             match (&x, &y) {
                 (Ok(()), Ok(())) => succeeded += 1,
                 (Err(e), Err(f)) => assert_eq!(e.raw_os_error(), f.raw_os_error(), "{ctx}"),
                 _ => panic!("{ctx}: mount {x:?}, reference {y:?}"),
             }
-            if op == 12 && x.is_ok() && open.len() < 8 {
+            if op == NamespaceOp::Open && x.is_ok() && open.len() < 8 {
                 let o = |r: &Path| {
                     std::fs::OpenOptions::new()
                         .read(true)
@@ -1318,9 +1311,9 @@ fn random_namespace_matches_reference() {
                     open.push((a, b));
                 }
             }
-            if !open.is_empty() && rng.below(10) == 0 {
+            if let Some((which, close)) = s.touch_open.filter(|_| !open.is_empty()) {
                 use std::os::unix::fs::FileExt;
-                let k = rng.below(open.len() as u64) as usize;
+                let k = which % open.len();
                 let data = noise(seed, 3000);
                 let off = seed % 30_000;
                 open[k].0.write_all_at(&data, off).unwrap();
@@ -1331,7 +1324,7 @@ fn random_namespace_matches_reference() {
                 (&open[k].0).read_to_end(&mut a).unwrap();
                 (&open[k].1).read_to_end(&mut b).unwrap();
                 assert!(a == b, "{ctx}: open file {k} differs");
-                if rng.below(3) == 0 {
+                if close {
                     open.swap_remove(k);
                 }
             }

@@ -18,6 +18,7 @@ mod direct_io;
 mod encryption_at_rest;
 mod fuse_model;
 mod fuse_mount;
+mod generators;
 mod mount_helper;
 mod pressure_live;
 mod store_ffi;

@@ -21,6 +21,7 @@ use std::sync::Once;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestError, TestRunner};
 
+use crate::generators::{fallocate_mode, fill, length, offset, rename_mode, xattr_mode, Fill, BS};
 use common::{noise, TestHost};
 use tenantfs::store::DirectIo;
 use tenantfs::tenants;
@@ -29,7 +30,6 @@ use tenantfs::volume::{
 };
 
 /// The smallest block size a tenant takes: file offsets up to ~52 KiB span a dozen blocks.
-const BS: u64 = 4096;
 const OWNER: Owner = Owner {
     uid: 1000,
     gid: 100,
@@ -488,41 +488,6 @@ enum NewKind {
     Symlink(usize),
 }
 
-/// What a write writes.
-#[derive(Clone, Copy, Debug)]
-enum Fill {
-    Noise(u64),
-    Zeros,
-    /// Zeros with a few non-zero bytes.
-    Sparse(u64),
-    /// Noise, then zeros from a point on.
-    NoiseThenZeros(u64, u16),
-}
-
-fn fill_bytes(fill: Fill, len: usize) -> Vec<u8> {
-    match fill {
-        Fill::Noise(s) => noise(s, len),
-        Fill::Zeros => vec![0; len],
-        Fill::Sparse(s) => {
-            let mut v = vec![0; len];
-            if len > 0 {
-                let r = noise(s, 12);
-                for k in 0..4 {
-                    let pos = u16::from_le_bytes([r[2 * k], r[2 * k + 1]]) as usize * 13 % len;
-                    v[pos] = r[8 + k] | 1;
-                }
-            }
-            v
-        }
-        Fill::NoiseThenZeros(s, cut) => {
-            let mut v = noise(s, len);
-            let cut = usize::from(cut).min(len);
-            v[cut..].fill(0);
-            v
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 enum Op {
     Create {
@@ -619,64 +584,6 @@ fn loc() -> impl Strategy<Value = Loc> {
 
 fn name_idx() -> impl Strategy<Value = usize> {
     prop_oneof![30 => 0usize..4, 1 => Just(4usize), 1 => Just(5usize)]
-}
-
-/// Offsets within ~40 KB, biased to block boundaries and their neighbours; some on 64 KiB
-/// chunk boundaries and some further out, where bulk writes leave chunks for small writes,
-/// truncation and holes to cut into.
-fn offset() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        3 => 0u64..40_000,
-        1 => Just(0u64),
-        1 => (0u64..10).prop_map(|k| k * BS),
-        1 => (1u64..10, 0u64..7).prop_map(|(k, d)| k * BS + d - 3),
-        1 => (0u64..5).prop_map(|k| k * 16 * BS),
-        1 => 40_000u64..400_000,
-    ]
-}
-
-fn length() -> impl Strategy<Value = u64> {
-    prop_oneof![
-        6 => 0u64..12_000,
-        2 => (1u64..4).prop_map(|k| k * BS),
-        2 => 0u64..16,
-        2 => Just(0u64),
-        // Bulk writes skip the WAL (durable at fsync or a clean close): reopen must keep them.
-        1 => (256u64 << 10)..(300 << 10),
-    ]
-}
-
-fn fill() -> impl Strategy<Value = Fill> {
-    prop_oneof![
-        4 => any::<u64>().prop_map(Fill::Noise),
-        1 => Just(Fill::Zeros),
-        2 => any::<u64>().prop_map(Fill::Sparse),
-        2 => (any::<u64>(), 0u16..12_000).prop_map(|(s, c)| Fill::NoiseThenZeros(s, c)),
-    ]
-}
-
-fn rename_mode() -> impl Strategy<Value = RenameMode> {
-    prop_oneof![
-        3 => Just(RenameMode::Replace),
-        1 => Just(RenameMode::NoReplace),
-        2 => Just(RenameMode::Exchange),
-    ]
-}
-
-fn fallocate_mode() -> impl Strategy<Value = Fallocate> {
-    prop_oneof![
-        any::<bool>().prop_map(|keep_size| Fallocate::Allocate { keep_size }),
-        Just(Fallocate::PunchHole),
-        any::<bool>().prop_map(|keep_size| Fallocate::ZeroRange { keep_size }),
-    ]
-}
-
-fn xattr_mode() -> impl Strategy<Value = XattrMode> {
-    prop_oneof![
-        Just(XattrMode::Any),
-        Just(XattrMode::Create),
-        Just(XattrMode::Replace)
-    ]
 }
 
 /// Relative weights of the operation groups.
@@ -1071,7 +978,7 @@ impl<'a> Harness<'a> {
                 fill,
             } => {
                 let ino = self.pick_file(node);
-                let data = fill_bytes(fill, len as usize);
+                let data = fill.bytes(len as usize);
                 let expect = self.model.write(ino, offset, &data);
                 let got = self.vol().write(ino, offset, &data).map_err(|e| e.errno());
                 self.agree("write", &expect, &got);
