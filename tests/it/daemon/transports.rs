@@ -1,0 +1,198 @@
+//! FUSE over io_uring and /dev/fuse side by side, the fall-back from a ring queue that
+//! cannot submit, and what Python's file I/O sees on a mount.
+
+use super::*;
+
+/// Python's open() asks isatty() (an ioctl) of every file; select.poll and copy_file_range
+/// reach the filesystem too. None of them leaves a warning in the daemon's log (fuser's
+/// defaults logged "[Not Implemented]" for each), and the mount table shows the filesystem as
+/// `fuse.tenantfs`.
+#[test]
+fn python_file_io_leaves_no_warnings_and_the_mount_type_is_fuse_tenantfs() {
+    let h = Host::new("pyio");
+    let mp = h.dir("m");
+    h.create_tenant("t");
+    let (d, _notify) = start_daemon_env(&h, &h.root().join("notify"), &[("TENANTFS_LOG", "info")]);
+    h.ok(&["mount", "t", mp.to_str().unwrap()]);
+    let _g = h.guard("t", &mp, d.0.id());
+    let listed = check(&mut cmd(
+        "findmnt",
+        &[
+            "-n",
+            "-r",
+            "-t",
+            "fuse.tenantfs",
+            "-o",
+            "FSTYPE,SOURCE",
+            "--mountpoint",
+            mp.to_str().unwrap(),
+        ],
+    ));
+    assert_eq!(
+        listed.trim(),
+        "fuse.tenantfs tenantfs:t",
+        "findmnt -t fuse.tenantfs"
+    );
+    let script = format!(
+        "import os, select\n\
+         d = {dir:?}\n\
+         for i in range(20):\n\
+         \x20   with open(f'{{d}}/f{{i}}', 'w') as f: f.write('x' * i)\n\
+         \x20   with open(f'{{d}}/f{{i}}') as f: assert f.read() == 'x' * i\n\
+         fd = os.open(f'{{d}}/f19', os.O_RDONLY)\n\
+         assert not os.isatty(fd)\n\
+         p = select.poll(); p.register(fd, select.POLLIN); assert p.poll(1000)\n\
+         out = os.open(f'{{d}}/copy', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+         n = 0\n\
+         while n < 19: n += os.copy_file_range(fd, out, 19 - n)\n\
+         os.close(out); os.close(fd)\n\
+         assert open(f'{{d}}/copy').read() == 'x' * 19\n",
+        dir = mp.to_str().unwrap()
+    );
+    check(&mut cmd("python3", &["-c", &script]));
+    let log = std::fs::read_to_string(h.root().join("daemon.log")).unwrap();
+    assert!(
+        log.contains("mounted"),
+        "the log is not at info level: {log}"
+    );
+    assert!(!log.contains("Not Implemented"), "{log}");
+}
+
+/// Threads of `pid` whose name starts with `prefix`.
+pub(super) fn threads_named(pid: u32, prefix: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .count()
+}
+
+/// FUSE over io_uring through the daemon: a mount with transport=uring answers its requests
+/// on per-CPU ring queues (`stats` counts them), one with transport=dev only over /dev/fuse;
+/// unmounting ends the queue threads; a transport the kernel lacks or a misspelt one is a
+/// clear error.
+#[test]
+fn io_uring_and_dev_fuse_transports_serve_side_by_side() {
+    enable_fuse_uring();
+    let h = Host::new("transport");
+    let (mr, md) = (h.dir("ring"), h.dir("dev"));
+    h.create_tenant("r");
+    h.create_tenant("d");
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let pid = d.0.id();
+    h.ok(&["mount", "-o", "transport=uring", "r", mr.to_str().unwrap()]);
+    h.ok(&["mount", "-o", "transport=dev", "d", md.to_str().unwrap()]);
+    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    let possible = cpus
+        .trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum::<usize>();
+    assert_eq!(
+        threads_named(pid, "fuse-ring-"),
+        possible,
+        "one queue per CPU"
+    );
+    for m in [&mr, &md] {
+        std::fs::create_dir(m.join("dir")).unwrap();
+        std::fs::write(m.join("dir/f"), vec![5u8; 300_000]).unwrap();
+        std::fs::rename(m.join("dir/f"), m.join("g")).unwrap();
+        assert_eq!(std::fs::read(m.join("g")).unwrap(), vec![5u8; 300_000]);
+        set_xattr(&m.join("g"), "user.k", b"v");
+        assert_eq!(
+            xattrs(&m.join("g")).get(&b"user.k"[..]).map(|v| &v[..]),
+            Some(&b"v"[..])
+        );
+        std::os::unix::fs::symlink("g", m.join("s")).unwrap();
+        assert_eq!(std::fs::read_link(m.join("s")).unwrap().to_str(), Some("g"));
+        let names: Vec<_> = std::fs::read_dir(m)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(names.len(), 3, "{names:?}");
+        std::fs::remove_file(m.join("s")).unwrap();
+        std::fs::remove_dir(m.join("dir")).unwrap();
+    }
+    // A 1 MiB write from a buffer 16 bytes into a page (where malloc puts large buffers)
+    // spans 257 pages: one request on either transport (max_write 2 MiB asks for 512 pages;
+    // the kernel allows what fs.fuse.max_pages_limit does, which `make test` raises), not
+    // 1 MiB - 16 bytes and then 16 bytes.
+    let limit: u32 = std::fs::read_to_string("/proc/sys/fs/fuse/max_pages_limit")
+        .map(|s| s.trim().parse().unwrap())
+        .unwrap_or(256);
+    assert!(
+        limit >= 257,
+        "fs.fuse.max_pages_limit is {limit}: run `make test`, or as root \
+         `echo 512 > /proc/sys/fs/fuse/max_pages_limit`"
+    );
+    let mut buf = vec![0u8; (1 << 20) + 8192];
+    let skip = 4096 - buf.as_ptr() as usize % 4096 + 16;
+    buf[skip..skip + (1 << 20)].fill(9);
+    for (m, t) in [(&mr, "r"), (&md, "d")] {
+        let calls = || {
+            mount_stats(&h, t)["ops"]["write"]["calls"]
+                .as_u64()
+                .unwrap()
+        };
+        let before = calls();
+        std::fs::write(m.join("big"), &buf[skip..skip + (1 << 20)]).unwrap();
+        assert_eq!(calls(), before + 1, "{t}: a 1 MiB write came in pieces");
+        assert_eq!(std::fs::read(m.join("big")).unwrap(), vec![9u8; 1 << 20]);
+        std::fs::remove_file(m.join("big")).unwrap();
+    }
+    let (r, dv) = (mount_stats(&h, "r"), mount_stats(&h, "d"));
+    assert!(r["ring_requests"].as_u64().unwrap() >= 15, "{r}");
+    assert_eq!(dv["ring_requests"].as_u64(), Some(0), "{dv}");
+    assert!(r["ops"]["write"]["calls"].as_u64().unwrap() >= 1, "{r}");
+    h.ok(&["umount", mr.to_str().unwrap()]);
+    let t = Instant::now();
+    while threads_named(pid, "fuse-ring-") > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "ring threads outlive their mount"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The data written over the ring is there after a remount over /dev/fuse.
+    h.ok(&["mount", "-o", "transport=dev", "r", mr.to_str().unwrap()]);
+    assert_eq!(std::fs::read(mr.join("g")).unwrap(), vec![5u8; 300_000]);
+    let err = h.fails(&[
+        "mount",
+        "-o",
+        "transport=carrier-pigeon",
+        "r",
+        h.dir("x").to_str().unwrap(),
+    ]);
+    assert!(err.contains("transport=uring"), "{err}");
+    d.terminate_cleanly(&[&mr, &md]);
+}
+
+/// A ring queue that cannot submit (failpoint: its io_uring refuses the queue thread, EEXIST)
+/// after FUSE over io_uring was negotiated: the kernel would hold every request until all
+/// queues register, so the queue turns the ring off for that mount and it serves over
+/// /dev/fuse; nothing hangs, nothing is lost.
+#[test]
+fn a_ring_queue_that_cannot_submit_falls_back_to_dev_fuse() {
+    enable_fuse_uring();
+    let h = Host::new("ringfail");
+    let m = h.dir("m");
+    h.create_tenant("f");
+    let notify = h.root().join("notify");
+    let (mut d, _n) = start_daemon_env(&h, &notify, &[("TENANTFS_FAILPOINTS", "fuse-ring-submit")]);
+    h.ok(&["mount", "-o", "transport=uring", "f", m.to_str().unwrap()]);
+    std::fs::write(m.join("a"), b"still served").unwrap();
+    assert_eq!(std::fs::read(m.join("a")).unwrap(), b"still served");
+    assert_eq!(mount_stats(&h, "f")["ring_requests"].as_u64(), Some(0));
+    let log = std::fs::read_to_string(h.root().join("daemon.log")).unwrap();
+    assert!(
+        log.contains("FUSE over io_uring turned off for this mount: serving over /dev/fuse"),
+        "{log}"
+    );
+    d.terminate_cleanly(&[&m]);
+}

@@ -1,0 +1,428 @@
+//! kill -9 of a child process in the middle of blob garbage collection, after folds, and
+//! during extent file writes: nothing synced is lost.
+
+use super::*;
+
+pub(super) const GC_CHILD_ENV: &str = "TENANTFS_TEST_GC_CHILD";
+pub(super) const GC_KEEP: usize = 32 << 20;
+pub(super) const GC_CHURN: usize = 8 << 20;
+
+pub(super) fn gc_file(vol: &Volume, name: &str) -> u64 {
+    match vol.lookup(ROOT_INO, name.as_bytes()) {
+        Ok(a) => a.ino,
+        Err(_) => {
+            vol.mknod(ROOT_INO, name.as_bytes(), FileKind::File, 0o644, OWNER, 0)
+                .unwrap()
+                .ino
+        }
+    }
+}
+
+/// Writes `data` into file `name` in 128 KiB writes: whole chunks, but below the bulk size,
+/// so they are blob values (bulk writes go to extent files, collected apart).
+pub(super) fn gc_write(vol: &Volume, name: &str, data: &[u8]) {
+    write_in(vol, name, data, 128 << 10);
+}
+
+pub(super) fn write_in(vol: &Volume, name: &str, data: &[u8], piece: usize) {
+    let ino = gc_file(vol, name);
+    for (i, chunk) in data.chunks(piece).enumerate() {
+        vol.write(ino, (i * piece) as u64, chunk).unwrap();
+    }
+}
+
+pub(super) fn gc_read(vol: &Volume, name: &str, len: usize) -> Vec<u8> {
+    let ino = vol.lookup(ROOT_INO, name.as_bytes()).unwrap().ino;
+    assert_eq!(vol.getattr(ino).unwrap().size, len as u64, "{name}: size");
+    let mut out = Vec::new();
+    let mut buf = Vec::new();
+    while out.len() < len {
+        vol.read_into(ino, out.len() as u64, 1 << 20, &mut buf)
+            .unwrap();
+        assert!(!buf.is_empty(), "{name}: short read at {}", out.len());
+        out.extend_from_slice(&buf);
+    }
+    out
+}
+
+pub(super) fn blob_files(dir: &std::path::Path) -> Vec<(String, u64)> {
+    common::files_under(dir)
+        .into_iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "blob"))
+        .map(|p| {
+            let len = std::fs::metadata(&p).unwrap().len();
+            (p.file_name().unwrap().to_string_lossy().into_owned(), len)
+        })
+        .collect()
+}
+
+/// The child: one more synced overwrite of `churn` (its content named by the trial), then
+/// blob GC over and over, each run announced on stdout, until killed.
+pub(super) fn gc_child(root: &str, trial: u64) {
+    let vol = open_in_child(root, "gc");
+    gc_write(&vol, "churn", &noise(1000 + trial, GC_CHURN));
+    vol.fsync().unwrap();
+    for i in 0.. {
+        println!("GC start {i}");
+        vol.tenant().db().collect_blob_garbage();
+        println!("GC done {i}");
+    }
+}
+
+/// Blob GC moves live file data from old blob files into new ones while it deletes the old:
+/// a kill -9 at any point of it loses nothing that was synced, the partial blob file it was
+/// writing is deleted at the next open (RocksDB itself keeps it forever), and the space of
+/// overwritten data comes back once GC completes.
+#[test]
+fn kill9_during_blob_garbage_collection_loses_nothing_synced() {
+    if let Ok(spec) = std::env::var(GC_CHILD_ENV) {
+        let (root, trial) = spec.split_once(':').unwrap();
+        gc_child(root, trial.parse().unwrap());
+        return;
+    }
+    let t = TestHost::new(DirectIo::Auto);
+    let keep = noise(7, GC_KEEP);
+    let store_dir = {
+        let vol = open_volume(&t, "gc");
+        // `keep` goes into the oldest blob files and stays live; `churn` is overwritten with a
+        // sync each time, so every flush makes a blob file and older ones fill with garbage.
+        gc_write(&vol, "keep", &keep);
+        vol.fsync().unwrap();
+        for round in 0..5 {
+            gc_write(&vol, "churn", &noise(100 + round, GC_CHURN));
+            vol.fsync().unwrap();
+        }
+        drop(vol);
+        tenantfs::data_dir::tenants_dir(&t.root).join("gc")
+    };
+    let mut killed_mid_gc = 0;
+    for (trial, delay_ms) in [(1u64, 40u64), (2, 150), (3, 400)] {
+        let before = blob_files(&store_dir);
+        let mut child = spawn_child(
+            "kill9_during_blob_garbage_collection_loses_nothing_synced",
+            &[(GC_CHILD_ENV, format!("{}:{trial}", t.root.display()))],
+        );
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let reader = {
+            let lines = lines.clone();
+            let out = child.stdout.take().unwrap();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                    if l.starts_with("GC ") {
+                        lines.lock().unwrap().push(l);
+                    }
+                }
+            })
+        };
+        let t0 = std::time::Instant::now();
+        while lines.lock().unwrap().is_empty() {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(60),
+                "the child never started GC"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        let last = lines.lock().unwrap().last().cloned().unwrap();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        reader.join().unwrap();
+        if last.starts_with("GC start") {
+            killed_mid_gc += 1;
+        }
+        let vol = open_volume(&t, "gc");
+        assert!(
+            gc_read(&vol, "keep", GC_KEEP) == keep,
+            "trial {trial}: keep changed"
+        );
+        assert!(
+            gc_read(&vol, "churn", GC_CHURN) == noise(1000 + trial, GC_CHURN),
+            "trial {trial}: churn is not its last synced content"
+        );
+        let after = blob_files(&store_dir);
+        assert_ne!(before, after, "trial {trial}: GC changed no blob file");
+        // The blob file the killed GC was writing is referenced by nothing: deleted at open.
+        let live = (GC_KEEP + GC_CHURN) as u64;
+        let blob_bytes: u64 = after.iter().map(|(_, l)| l).sum();
+        assert!(
+            blob_bytes < live + live / 4,
+            "trial {trial}: {blob_bytes} bytes of blob files for {live} live bytes: {after:?}"
+        );
+    }
+    assert!(
+        killed_mid_gc >= 2,
+        "only {killed_mid_gc} of 3 kills landed inside a GC run"
+    );
+    // A GC that runs to its end gives the space of the overwritten data back.
+    let vol = open_volume(&t, "gc");
+    vol.tenant().db().collect_blob_garbage();
+    let live = (GC_KEEP + GC_CHURN) as u64;
+    let blob_bytes: u64 = blob_files(&store_dir).iter().map(|(_, l)| l).sum();
+    assert!(
+        blob_bytes < live + live / 4,
+        "blob files hold {blob_bytes} bytes for {live} live bytes after GC: {:?}",
+        blob_files(&store_dir)
+    );
+    assert!(gc_read(&vol, "keep", GC_KEEP) == keep);
+}
+
+pub(super) const FOLD_CHILD_ENV: &str = "TENANTFS_TEST_FOLD_CHILD";
+pub(super) const FOLD_FILE: usize = 4 << 20;
+
+/// Extent keys of the volume (chunks, and blocks over them).
+pub(super) fn extent_keys(vol: &Volume) -> usize {
+    let mut n = 0;
+    vol.tenant()
+        .db()
+        .keys(tenantfs::store::Family::Extents, &[], &[0xff; 17], |_| {
+            n += 1;
+            true
+        })
+        .unwrap();
+    n
+}
+
+/// The child: 4 KiB writes over the file, synced, then every fold at once (written without
+/// the WAL), announced on stdout, then idle until killed.
+pub(super) fn fold_child(root: &str) {
+    let vol = open_in_child(root, "fold");
+    let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
+    for (at, block) in fold_overwrites() {
+        vol.write(ino, at, &block).unwrap();
+    }
+    vol.fsync().unwrap();
+    println!("KEYS {}", extent_keys(&vol));
+    vol.fold_now();
+    println!("FOLDED {}", extent_keys(&vol));
+    loop {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
+}
+
+/// Every 5th block of the file and a run of 32 blocks, rewritten with fresh noise.
+pub(super) fn fold_overwrites() -> Vec<(u64, Vec<u8>)> {
+    (0..FOLD_FILE / 4096)
+        .filter(|b| b % 5 == 0 || (300..332).contains(b))
+        .map(|b| ((b * 4096) as u64, noise(5000 + b as u64, 4096)))
+        .collect()
+}
+
+/// A fold merges the blocks over a chunk into it without the WAL (it changes how data is laid
+/// out, not what it reads as): killed with folds in the memtable only, the store reopens with
+/// the synced blocks over the old chunks, reads exactly what was synced, and a read that
+/// meets them has them folded again.
+#[test]
+fn kill9_after_folds_loses_nothing_synced() {
+    if let Ok(root) = std::env::var(FOLD_CHILD_ENV) {
+        fold_child(&root);
+        return;
+    }
+    let t = TestHost::new(DirectIo::Auto);
+    let mut model = noise(11, FOLD_FILE);
+    {
+        let vol = open_volume(&t, "fold");
+        // Bulk writes: the chunks are in extent files, and the folds read them from there.
+        write_in(&vol, "f", &model, 1 << 20);
+        vol.fsync().unwrap();
+        assert_eq!(
+            extent_keys(&vol),
+            FOLD_FILE / (64 << 10),
+            "written as chunks"
+        );
+    }
+    for (at, block) in fold_overwrites() {
+        model[at as usize..at as usize + block.len()].copy_from_slice(&block);
+    }
+    let mut child = spawn_child(
+        "kill9_after_folds_loses_nothing_synced",
+        &[(FOLD_CHILD_ENV, t.root.display().to_string())],
+    );
+    let mut counts = Vec::new();
+    {
+        use std::io::BufRead;
+        let out = std::io::BufReader::new(child.stdout.take().unwrap());
+        for line in out.lines().map_while(Result::ok) {
+            // (The harness's "test NAME ... " may start the first line.)
+            if let Some((_, n)) = line.split_once("KEYS ") {
+                counts.push(n.parse::<usize>().unwrap());
+            }
+            if let Some((_, n)) = line.split_once("FOLDED ") {
+                counts.push(n.parse::<usize>().unwrap());
+                break;
+            }
+        }
+    }
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    let chunks = FOLD_FILE / (64 << 10);
+    let overwrites = fold_overwrites().len();
+    assert_eq!(
+        counts,
+        [chunks + overwrites, chunks],
+        "the child's folds: blocks over chunks before, one key per chunk after"
+    );
+    let vol = open_volume(&t, "fold");
+    assert_eq!(
+        extent_keys(&vol),
+        chunks + overwrites,
+        "the folds were not flushed: the synced blocks are back over their chunks"
+    );
+    // The read meets the chunks left overlaid and queues them: they are folded again.
+    assert!(
+        gc_read(&vol, "f", FOLD_FILE) == model,
+        "not what was synced"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while extent_keys(&vol) != chunks {
+        assert!(std::time::Instant::now() < deadline, "not folded again");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(
+        gc_read(&vol, "f", FOLD_FILE) == model,
+        "the second fold changed bytes"
+    );
+}
+
+/// Volume `name` of the data dir at `root`, opened by a crash test's child process.
+pub(super) fn open_in_child(root: &str, name: &str) -> Volume {
+    let data = tenantfs::data_dir::DataDir::open(std::path::Path::new(root), None).unwrap();
+    let host = tenantfs::store::StoreHost::builder()
+        .block_cache_bytes(64 << 20)
+        .build();
+    Volume::open(tenants::open(&data, &host, name).unwrap()).unwrap()
+}
+
+/// This test binary run again as the child of crash test `test` (its stdout piped), with
+/// `envs` telling it so.
+pub(super) fn spawn_child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
+    common::process::this_binary_running(&common::process::test_path(module_path!(), test))
+        .envs(envs.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+pub(super) const EXTENT_CHILD_ENV: &str = "TENANTFS_TEST_EXTENT_CHILD";
+pub(super) const EXTENT_FILE: usize = 16 << 20;
+
+/// Round `round`'s bytes of piece `nth` (1 MiB) of the extent test's file.
+pub(super) fn extent_piece(round: u64, nth: usize) -> Vec<u8> {
+    noise(round * 1000 + nth as u64, 1 << 20)
+}
+
+/// The child: rewrites the file in 1 MiB writes (bulk: into extent files), round after round,
+/// fsyncing after each round and announcing it, until killed.
+pub(super) fn extent_child(root: &str) {
+    let vol = open_in_child(root, "ext");
+    let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
+    let first: u64 = std::env::var("TENANTFS_TEST_EXTENT_ROUND")
+        .unwrap()
+        .parse()
+        .unwrap();
+    for round in first.. {
+        for nth in 0..EXTENT_FILE >> 20 {
+            vol.write(ino, (nth << 20) as u64, &extent_piece(round, nth))
+                .unwrap();
+        }
+        vol.fsync().unwrap();
+        // (The parent stops reading after the first: later lines may find no reader.)
+        let _ = std::io::Write::write_all(
+            &mut std::io::stdout(),
+            format!("SYNCED {round}\n").as_bytes(),
+        );
+    }
+}
+
+/// Bulk writes go to extent files and their chunk values skip the WAL: killed mid-round (at
+/// three points), the store reopens with every piece of the file either the last synced
+/// round's bytes or the next round's, never anything else (no value naming bytes that were
+/// not written, no lost synced piece).
+#[test]
+fn kill9_during_extent_file_writes_loses_nothing_synced() {
+    if let Ok(root) = std::env::var(EXTENT_CHILD_ENV) {
+        extent_child(&root);
+        return;
+    }
+    let t = TestHost::new(DirectIo::Auto);
+    let pieces = EXTENT_FILE >> 20;
+    {
+        let vol = open_volume(&t, "ext");
+        let ino = gc_file(&vol, "f");
+        for nth in 0..pieces {
+            vol.write(ino, (nth << 20) as u64, &extent_piece(1, nth))
+                .unwrap();
+        }
+        vol.fsync().unwrap();
+        assert!(
+            vol.tenant().db().extent_file_stats().bytes >= EXTENT_FILE as u64,
+            "bulk writes not in extent files: {:?}",
+            vol.tenant().db().extent_file_stats()
+        );
+    }
+    let mut synced = 1;
+    for (kill, wait_ms) in [(0, 5u64), (1, 40), (2, 120)] {
+        let mut child = spawn_child(
+            "kill9_during_extent_file_writes_loses_nothing_synced",
+            &[
+                (EXTENT_CHILD_ENV, t.root.display().to_string()),
+                ("TENANTFS_TEST_EXTENT_ROUND", (synced + 1).to_string()),
+            ],
+        );
+        use std::io::BufRead;
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut note = |line: &str| {
+            if let Some((_, n)) = line.split_once("SYNCED ") {
+                synced = n.parse::<u64>().unwrap();
+                true
+            } else {
+                false
+            }
+        };
+        for line in lines.by_ref().map_while(Result::ok) {
+            if note(&line) {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        child.wait().unwrap();
+        // The rounds it synced before the kill (their lines wait in the pipe).
+        for line in lines.map_while(Result::ok) {
+            note(&line);
+        }
+        let vol = open_volume(&t, "ext");
+        let back = gc_read(&vol, "f", EXTENT_FILE);
+        let mut newer = 0;
+        for (nth, piece) in back.chunks(1 << 20).enumerate() {
+            if piece == extent_piece(synced + 1, nth).as_slice() {
+                newer += 1;
+            } else {
+                assert!(
+                    piece == extent_piece(synced, nth).as_slice(),
+                    "kill {kill}: piece {nth} is neither round {synced} (synced) nor the next"
+                );
+            }
+        }
+        println!("kill {kill}: round {synced} synced, {newer} pieces of the next kept");
+        // The next child starts from what is on disk: all of one round again.
+        let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
+        for nth in 0..pieces {
+            vol.write(ino, (nth << 20) as u64, &extent_piece(synced, nth))
+                .unwrap();
+        }
+        vol.fsync().unwrap();
+    }
+}
