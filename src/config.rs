@@ -31,7 +31,7 @@ pub struct Config {
     pub mounts: Vec<MountConfig>,
 }
 
-/// `[metrics]`: the daemon's Prometheus endpoint.
+/// `[metrics]`: the daemon's metrics endpoint (OpenMetrics text, which Prometheus scrapes).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsConfig {

@@ -5,11 +5,11 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
+use tenantfs::control::RefusalCode;
 use tenantfs::fuse::{block_shutdown_signals, prepare_mountpoint, MountOptions};
 use tenantfs::tenants;
 
 use super::{daemon_error, Cli};
-use tenantfs::control::RefusalCode;
 
 /// Set by `mount` (background) for the child it starts: print "ready" on stdout once mounted.
 const READY_ENV: &str = "TENANTFS_MOUNT_READY";
