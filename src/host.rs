@@ -82,7 +82,9 @@ pub fn store_host(store: &StoreConfig, cache: Option<&HostCache>) -> StoreHost {
 /// The sessions by mountpoint, shared with the metrics collector.
 type Sessions = Arc<Mutex<BTreeMap<PathBuf, Arc<Session>>>>;
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks `m`, going on past a poisoned lock (a panic while serving one request fails that
+/// request only; the tables it guards stay usable).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -215,6 +217,26 @@ impl ServingHost {
             mountpoint: path,
             pid: std::process::id(),
         })
+    }
+
+    /// A mount asked for over the control socket, its options as for `tenantfs mount -o`:
+    /// only the daemon takes these.
+    pub fn mount_request(
+        &self,
+        tenant: &str,
+        mountpoint: &Path,
+        options: &str,
+    ) -> Result<MountReply, Refusal> {
+        if self.role != Role::Daemon {
+            return Err(Refusal::new(
+                RefusalCode::DaemonOnly,
+                "this process serves one mount; mounts are the daemon's (start it with \
+                 `tenantfs daemon`)",
+            ));
+        }
+        let options = MountOptions::parse(options)
+            .map_err(|e| Refusal::new(RefusalCode::MountFailed, e.to_string()))?;
+        self.mount(tenant, mountpoint, &options)
     }
 
     fn open_and_start(
@@ -380,18 +402,7 @@ impl ServingHost {
                 tenant,
                 mountpoint,
                 options,
-            } => {
-                if self.role != Role::Daemon {
-                    return Err(Refusal::new(
-                        RefusalCode::DaemonOnly,
-                        "this process serves one mount; mounts are the daemon's (start it \
-                         with `tenantfs daemon`)",
-                    ));
-                }
-                let options = MountOptions::parse(&options)
-                    .map_err(|e| Refusal::new(RefusalCode::MountFailed, e.to_string()))?;
-                Reply::Mount(self.mount(&tenant, Path::new(&mountpoint), &options)?)
-            }
+            } => Reply::Mount(self.mount_request(&tenant, Path::new(&mountpoint), &options)?),
             Request::Umount { mountpoint } => Reply::Umount(self.umount(Path::new(&mountpoint))?),
             Request::Stats => Reply::Stats(self.stats()),
             Request::TenantList => Reply::TenantList(self.tenant_list()),

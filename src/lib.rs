@@ -5,8 +5,8 @@
 //! ([`tenants`]) creates, lists, opens and deletes tenants. See ARCHITECTURE.md for the data
 //! flow and on-disk format.
 
-// Every unsafe operation sits in its own `unsafe` block with a `// SAFETY:` comment that says
-// why it holds, even inside an unsafe fn.
+// Every operation the compiler cannot check sits in a block of its own with a `// SAFETY:`
+// comment that says why it holds, also inside functions that are themselves unchecked.
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod base;

@@ -12,15 +12,15 @@ mod waiting;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::control::replies::MountReply;
-use crate::control::{self, Refusal, RefusalCode, Reply, Request, Server};
+use crate::control::{self, Refusal, Reply, Request, Server};
 use crate::data_dir::DataDir;
 use crate::fuse::MountOptions;
-use crate::host::{absolute, HostError, Role, ServingHost};
+use crate::host::{absolute, lock, HostError, Role, ServingHost};
 
 pub use notify::notify_systemd;
 use waiting::WaitingMount;
@@ -61,10 +61,6 @@ pub struct Daemon {
     status: Mutex<String>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Daemon {
     pub fn new(data: DataDir, config: &Config) -> Result<Arc<Self>, HostError> {
         Ok(Arc::new(Self {
@@ -81,9 +77,7 @@ impl Daemon {
         mountpoint: &Path,
         options: &str,
     ) -> Result<MountReply, Refusal> {
-        let parsed = MountOptions::parse(options)
-            .map_err(|e| Refusal::new(RefusalCode::MountFailed, e.to_string()))?;
-        let reply = self.host.mount(tenant, mountpoint, &parsed)?;
+        let reply = self.host.mount_request(tenant, mountpoint, options)?;
         // Mounted by hand while its configured entry waited: nothing left to retry.
         lock(&self.waiting).remove(&reply.mountpoint);
         Ok(reply)
