@@ -36,7 +36,9 @@ use tenantfs::control::{Client, Reply, Request};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1 << 20;
-const SETTLE: Duration = Duration::from_secs(2);
+/// Longer than the 5 s a /dev/fuse worker beyond the first waits for a request before it ends,
+/// so an idle mount is sampled with the one thread it keeps.
+const SETTLE: Duration = Duration::from_secs(6);
 
 /// VmRSS and RssAnon of `pid`, bytes.
 #[derive(Clone, Copy)]

@@ -90,6 +90,12 @@ pub struct MountActivity {
     pub written_bytes: u64,
     /// Requests answered over FUSE's io_uring (the rest came over /dev/fuse).
     pub ring_requests: u64,
+    /// Threads reading /dev/fuse for the mount now (they start on demand from one), and the
+    /// most there were at once.
+    #[serde(default)]
+    pub fuse_workers: u64,
+    #[serde(default)]
+    pub fuse_workers_peak: u64,
 }
 
 /// The counters of one mount.
@@ -100,6 +106,8 @@ pub struct MountMetrics {
     written_bytes: AtomicU64,
     /// Requests answered over FUSE's io_uring (the rest came over /dev/fuse).
     ring_requests: AtomicU64,
+    fuse_workers: AtomicU64,
+    fuse_workers_peak: AtomicU64,
 }
 
 fn bucket_of(ns: u64) -> usize {
@@ -134,6 +142,13 @@ impl MountMetrics {
 
     pub fn add_ring_request(&self) {
         self.ring_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The mount's /dev/fuse workers are `n` now.
+    pub fn set_fuse_workers(&self, n: usize) {
+        self.fuse_workers.store(n as u64, Ordering::Relaxed);
+        self.fuse_workers_peak
+            .fetch_max(n as u64, Ordering::Relaxed);
     }
 
     /// A summary: per op calls, errors, p50/p99 upper bounds in microseconds; bytes.
@@ -177,6 +192,8 @@ impl MountMetrics {
             read_bytes: self.read_bytes.load(Ordering::Relaxed),
             written_bytes: self.written_bytes.load(Ordering::Relaxed),
             ring_requests: self.ring_requests.load(Ordering::Relaxed),
+            fuse_workers: self.fuse_workers.load(Ordering::Relaxed),
+            fuse_workers_peak: self.fuse_workers_peak.load(Ordering::Relaxed),
         }
     }
 }
@@ -198,18 +215,21 @@ impl EncodeLabelValue for Escaped<'_> {
     }
 }
 
-/// One per-mount counter family: its name (without `_total`), help, and value per mount.
-fn encode_mount_counter(
+/// A per-mount family of one value each: a counter (its name without `_total`) or a gauge.
+fn encode_mount_value(
     encoder: &mut DescriptorEncoder,
     mounts: &[(&str, &MountMetrics)],
-    name: &str,
-    help: &str,
+    (name, help, kind): (&str, &str, MetricType),
     value: impl Fn(&MountMetrics) -> u64,
 ) -> std::fmt::Result {
-    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+    let mut family = encoder.encode_descriptor(name, help, None, kind)?;
     for (tenant, m) in mounts {
         let labels = [("tenant", Escaped(tenant))];
-        ConstCounter::new(value(m)).encode(family.encode_family(&labels)?)?;
+        let series = family.encode_family(&labels)?;
+        match kind {
+            MetricType::Gauge => ConstGauge::new(value(m) as i64).encode(series)?,
+            _ => ConstCounter::new(value(m)).encode(series)?,
+        }
     }
     Ok(())
 }
@@ -266,26 +286,45 @@ pub fn encode_mounts(
                 )?;
         }
     }
-    encode_mount_counter(
+    encode_mount_value(
         encoder,
         mounts,
-        "tenantfs_read_bytes",
-        "Bytes read from the mount.",
+        (
+            "tenantfs_read_bytes",
+            "Bytes read from the mount.",
+            MetricType::Counter,
+        ),
         |m| load(&m.read_bytes),
     )?;
-    encode_mount_counter(
+    encode_mount_value(
         encoder,
         mounts,
-        "tenantfs_written_bytes",
-        "Bytes written to the mount.",
+        (
+            "tenantfs_written_bytes",
+            "Bytes written to the mount.",
+            MetricType::Counter,
+        ),
         |m| load(&m.written_bytes),
     )?;
-    encode_mount_counter(
+    encode_mount_value(
         encoder,
         mounts,
-        "tenantfs_fuse_ring_requests",
-        "Requests answered over FUSE's io_uring (the rest came over /dev/fuse).",
+        (
+            "tenantfs_fuse_ring_requests",
+            "Requests answered over FUSE's io_uring (the rest came over /dev/fuse).",
+            MetricType::Counter,
+        ),
         |m| load(&m.ring_requests),
+    )?;
+    encode_mount_value(
+        encoder,
+        mounts,
+        (
+            "tenantfs_fuse_workers",
+            "Threads reading /dev/fuse for the mount (they start on demand from one).",
+            MetricType::Gauge,
+        ),
+        |m| load(&m.fuse_workers),
     )
 }
 
@@ -490,6 +529,8 @@ mod tests {
         m.record(Op::Read, t, true);
         m.record(Op::Read, t, false);
         m.add_read_bytes(4096);
+        m.set_fuse_workers(3);
+        m.set_fuse_workers(1);
         let host = HostNumbers {
             mounts: 2,
             cache_hits: 7,
@@ -513,6 +554,8 @@ mod tests {
             "tenantfs_read_bytes_total{tenant=\"alice\"} 4096",
             // A label value is escaped as the text format asks.
             "tenantfs_read_bytes_total{tenant=\"we\\\"ird\\\\name\\n\"} 0",
+            "# TYPE tenantfs_fuse_workers gauge",
+            "tenantfs_fuse_workers{tenant=\"alice\"} 1",
             "# TYPE tenantfs_mounts gauge",
             "tenantfs_mounts 2",
             "# HELP tenantfs_cache_hits Host cache hits.",
@@ -526,6 +569,7 @@ mod tests {
         assert_eq!(s.ops["read"].calls, 2);
         assert_eq!(s.ops["read"].errors, 1);
         assert!(!s.ops.contains_key("write"));
+        assert_eq!((s.fuse_workers, s.fuse_workers_peak), (1, 3));
     }
 
     #[test]

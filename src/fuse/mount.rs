@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{SigSet, Signal};
 
-use super::adapter::CacheMode;
+use super::ops::CacheMode;
 use super::ring::{self, Transport};
 
 /// Filesystem type as the mount table shows it.

@@ -1,6 +1,6 @@
 //! The FUSE operations of one mount, apart from how requests arrive: each takes a request's
-//! arguments and returns a typed answer or an errno. Two transports call them: the fuser
-//! adapter (requests read from /dev/fuse) and the io_uring ring (requests in ring entries).
+//! arguments and returns a typed answer or an errno. Both transports reach them through
+//! one dispatcher (`fuse::dispatch`): the /dev/fuse workers and the io_uring ring.
 //! Attribute conversion, errno mapping, lookup counts and directory handles live here; no
 //! filesystem logic does.
 
@@ -141,10 +141,6 @@ impl Operations {
             next_fh: AtomicU64::new(1),
             metrics,
         }
-    }
-
-    pub(crate) fn volume(&self) -> &Volume {
-        &self.volume
     }
 
     pub(crate) fn cache(&self) -> CacheMode {

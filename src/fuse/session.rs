@@ -1,7 +1,9 @@
 //! One mounted tenant filesystem being served: the one session type of tenantfs.
 //!
-//! [`Session::start`] mounts a [`Volume`] with fuser and serves it from threads of this
-//! process; it returns once the kernel has the mount. The session ends by
+//! [`Session::start`] mounts a [`Volume`] (fuser mounts it and answers INIT) and serves it
+//! from threads of this process: the session's thread is the first /dev/fuse worker, more
+//! start on demand ([`super::device`]), and the ring's queues when the kernel takes FUSE over
+//! io_uring. It returns once the kernel has the mount. The session ends by
 //! [`Session::unmount`], by [`Session::detach`] (shutdown of a busy mount), or from outside
 //! (umount(8), `tenantfs umount`); [`Session::wait`] waits for the end, and the volume (the
 //! session owns it) is dropped then, which makes the store durable and closes it. The daemon
@@ -15,15 +17,17 @@ use std::time::Duration;
 
 use fuser::{Config, MountOption, SessionACL};
 
-use super::adapter::TenantFs;
+use super::device;
+use super::handshake::Handshake;
 use super::mount::{prepare_mountpoint, unmount, MountError, MountOptions, SOURCE_PREFIX};
 use super::ring::{self, Transport};
 use crate::metrics::MountMetrics;
 use crate::store::StoreState;
 use crate::volume::Volume;
 
-/// Threads answering FUSE requests on /dev/fuse for one mount.
-const FUSE_THREADS: usize = 4;
+/// The most threads answering FUSE requests on /dev/fuse for one mount at once (they start
+/// on demand from one).
+const MAX_DEVICE_WORKERS: usize = 4;
 
 /// The fuser configuration of one tenant's mount.
 fn session_config(tenant: &str, options: &MountOptions) -> Config {
@@ -44,8 +48,6 @@ fn session_config(tenant: &str, options: &MountOptions) -> Config {
     ];
     // The tenant's processes are not the daemon's user; the kernel checks permissions.
     cfg.acl = SessionACL::All;
-    cfg.n_threads = Some(FUSE_THREADS);
-    cfg.clone_fd = true;
     cfg
 }
 
@@ -96,19 +98,19 @@ impl Session {
         let metrics = MountMetrics::new();
         let volume = Arc::new(volume);
         let served = Arc::downgrade(&volume);
-        let fs = TenantFs::new(volume, options.cache, metrics.clone(), options.transport);
+        let fs = Handshake::new(volume, options.cache, metrics.clone(), options.transport);
         let mount_err = |source| MountError::Mount {
             path: mountpoint.to_owned(),
             source,
         };
-        let ring = fs.ring();
+        let (ring, ops) = (fs.ring(), fs.ops());
         let mut session = fuser::Session::new(fs, mountpoint, &session_config(&tenant, options))
             .map_err(mount_err)?;
+        use std::os::fd::AsFd;
+        let device = session.as_fd().try_clone_to_owned().map_err(mount_err)?;
         if options.transport != Transport::Device {
-            // The io_uring side gets a duplicate of the device: fuser keeps reading the
-            // original for INIT, FORGET and INTERRUPT.
-            use std::os::fd::AsFd;
-            ring.set_device(session.as_fd().try_clone_to_owned().map_err(mount_err)?);
+            // The io_uring side gets a duplicate of the device too.
+            ring.set_device(device.try_clone().map_err(mount_err)?);
         }
         let unmounter = session.unmount_callable();
         let ended = Arc::new(Ended::default());
@@ -119,9 +121,11 @@ impl Session {
             std::thread::Builder::new()
                 .name(name)
                 .spawn(move || {
-                    // `run` owns the session: the volume goes with it when it returns, so the
-                    // store is durable and closed before waiters hear of the end.
-                    let r = session.run();
+                    let r = device::serve(device, ops, MAX_DEVICE_WORKERS, "fuse-worker");
+                    // fuser's session holds the mount and the handshake: dropping it stops
+                    // the ring, syncs the store, and lets the volume go, so the store is
+                    // durable and closed before waiters hear of the end.
+                    drop(session);
                     tracing::info!(path = %path.display(), "unmounted");
                     ended.set();
                     r

@@ -1,6 +1,6 @@
 //! The filesystem model over one tenant store: inodes, directory entries, extents, xattrs.
 //!
-//! It knows nothing about FUSE (the adapter in `fuse` translates requests into these calls), so
+//! It knows nothing about FUSE (`fuse`'s dispatcher translates requests into these calls), so
 //! it is tested directly against a reference model. Every operation's changes go into one
 //! RocksDB write batch, so a crash leaves each operation either whole or absent. File data is
 //! cut into fixed-size blocks (the volume's block size, set at creation): a write that covers a

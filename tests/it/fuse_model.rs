@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 
+use crate::common::guards::enable_fuse_uring;
 use crate::generators::{length, offset};
 
 const BIN: &str = env!("CARGO_BIN_EXE_tenantfs");
@@ -50,18 +51,6 @@ fn tenantfs(data: &Path, args: &[&str]) {
         "tenantfs {args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Lets this kernel serve FUSE over io_uring (root; Linux >= 6.14 with CONFIG_FUSE_IO_URING).
-fn enable_fuse_uring() {
-    let p = "/sys/module/fuse/parameters/enable_uring";
-    if fs::read_to_string(p)
-        .map(|v| v.trim() == "Y")
-        .unwrap_or(false)
-    {
-        return;
-    }
-    fs::write(p, "Y").unwrap_or_else(|e| panic!("cannot enable FUSE over io_uring ({p}): {e}"));
 }
 
 impl Fixture {

@@ -10,12 +10,11 @@
 //! entries (`FUSE_IO_URING_CMD_REGISTER`: a 288-byte header and a payload buffer as large as
 //! the biggest request) on its own io_uring. A completion means a request is in the entry;
 //! the thread answers it through [`crate::fuse::ops::Operations`] and hands the entry back
-//! with the reply (`COMMIT_AND_FETCH`). fuser keeps reading /dev/fuse for INIT, FORGET and
-//! INTERRUPT, which never go over the ring. The queues exit when the kernel ends their
+//! with the reply (`COMMIT_AND_FETCH`). The /dev/fuse workers ([`crate::fuse::device`]) keep
+//! FORGET and INTERRUPT, which never go over the ring. The queues exit when the kernel ends their
 //! entries at unmount (ENOTCONN) or when [`Ring::stop`] wakes them.
 
 mod abi;
-mod dispatch;
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -25,7 +24,10 @@ use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
+use crate::fuse::buffer::RequestBuffer;
+use crate::fuse::dispatch;
 use crate::fuse::ops::{Operations, MAX_WRITE};
+use crate::fuse::wire;
 
 /// The module parameter root sets to let mounts use FUSE over io_uring.
 pub const ENABLE_PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -216,7 +218,7 @@ impl Drop for Ring {
 /// or shrink while registered (boxed, owned by the queue until its io_uring is gone).
 struct Entry {
     header: Box<[u8; abi::HEADER_SIZE]>,
-    payload: Box<[u8]>,
+    payload: RequestBuffer,
     /// `struct iovec[2]` (base, length; base, length) for REGISTER, as plain words so the
     /// queue can move to its thread.
     iov: Box<[usize; 4]>,
@@ -224,22 +226,22 @@ struct Entry {
 }
 
 impl Entry {
-    fn new() -> Self {
+    fn new() -> io::Result<Self> {
         let mut header = Box::new([0u8; abi::HEADER_SIZE]);
-        // Zeroed by calloc: untouched pages of a large buffer cost no memory.
-        let mut payload = vec![0u8; PAYLOAD_SIZE].into_boxed_slice();
+        // A mapping: untouched pages of the large buffer cost no memory.
+        let mut payload = RequestBuffer::new(PAYLOAD_SIZE)?;
         let iov = Box::new([
             header.as_mut_ptr() as usize,
             header.len(),
             payload.as_mut_ptr() as usize,
             payload.len(),
         ]);
-        Self {
+        Ok(Self {
             header,
             payload,
             iov,
             commit_id: 0,
-        }
+        })
     }
 }
 
@@ -273,7 +275,9 @@ impl Queue {
             device: None,
             stop: stop.into(),
             uring,
-            entries: (0..ENTRIES_PER_QUEUE).map(|_| Entry::new()).collect(),
+            entries: (0..ENTRIES_PER_QUEUE)
+                .map(|_| Entry::new())
+                .collect::<io::Result<_>>()?,
             scratch: Vec::new(),
         })
     }
@@ -424,36 +428,19 @@ impl Queue {
     /// Answers the request in entry `i` and writes the reply into it.
     fn answer(&mut self, i: usize, ops: &Operations) {
         let e = &mut self.entries[i];
-        let f = abi::Fields(&e.header[..]);
+        let f = wire::Fields(&e.header[..]);
         e.commit_id = f.u64(abi::ENT_COMMIT_ID).unwrap_or(0);
         let in_len = f.u32(abi::ENT_PAYLOAD_SZ).unwrap_or(0) as usize;
-        let Some(h) = abi::InHeader::parse(&e.header[..]) else {
+        let Some(h) = wire::InHeader::parse(&e.header[..]) else {
             return;
         };
         ops.metrics.add_ring_request();
         let op_in = &e.header[abi::OP_IN..abi::OP_IN + 128];
-        // A panic must not end the queue thread: its CPU's requests would wait forever.
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            dispatch::answer(ops, &h, op_in, &mut e.payload, in_len, &mut self.scratch)
-        }));
-        let (error, len) = match r {
-            Ok(Ok(len)) => (0, len),
-            Ok(Err(errno)) => (-errno.code(), 0),
-            Err(_) => {
-                tracing::error!(
-                    opcode = h.opcode,
-                    "a ring request panicked; it fails with EIO, the queue keeps serving"
-                );
-                (-libc::EIO, 0)
-            }
-        };
-        abi::put_out_header(&mut e.header[..], h.unique, error, len);
+        let (error, len) =
+            dispatch::answer_or_eio(ops, &h, op_in, &mut e.payload, in_len, &mut self.scratch);
+        wire::put_out_header(&mut e.header[..], h.unique, error, len);
         e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
             .copy_from_slice(&(len as u32).to_le_bytes());
-        // A buffer grown by an unusually large read is not kept.
-        if self.scratch.capacity() > 2 * PAYLOAD_SIZE {
-            self.scratch = Vec::new();
-        }
     }
 }
 
@@ -523,7 +510,7 @@ mod tests {
             std::mem::size_of::<libc::iovec>(),
             2 * std::mem::size_of::<usize>()
         );
-        let mut e = Entry::new();
+        let mut e = Entry::new().unwrap();
         assert_eq!(e.iov[0], e.header.as_mut_ptr() as usize);
         assert_eq!(e.iov[3], PAYLOAD_SIZE);
     }

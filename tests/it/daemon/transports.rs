@@ -196,3 +196,66 @@ fn a_ring_queue_that_cannot_submit_falls_back_to_dev_fuse() {
     );
     d.terminate_cleanly(&[&m]);
 }
+
+/// The /dev/fuse workers of a mount grow on demand from one and shrink back: an idle mount is
+/// one thread (its session's, which reads the device itself); requests while no worker waits
+/// start more, never more than four in all; once requests stop, the extra workers end and the
+/// mount still serves. A ring mount keeps no /dev/fuse worker beyond its session's either.
+/// (Counted by `stats`: threads RocksDB starts without a name inherit their creator's.)
+#[test]
+fn dev_fuse_workers_grow_on_demand_and_an_idle_mount_keeps_one_thread() {
+    enable_fuse_uring();
+    let h = Host::new("workers");
+    let (m, mr) = (h.dir("m"), h.dir("r"));
+    h.create_tenant("w");
+    h.create_tenant("v");
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let pid = d.0.id();
+    let workers = |t: &str| {
+        let s = mount_stats(&h, t);
+        (
+            s["fuse_workers"].as_u64().unwrap(),
+            s["fuse_workers_peak"].as_u64().unwrap(),
+        )
+    };
+    let settle = |t: &str| {
+        let start = Instant::now();
+        while workers(t).0 != 1 && start.elapsed() < Duration::from_secs(20) {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        workers(t).0
+    };
+    h.ok(&["mount", "-o", "transport=dev", "w", m.to_str().unwrap()]);
+    assert_eq!(settle("w"), 1, "an idle mount: one worker");
+    assert_eq!(threads_named(pid, "tenantfs-w"), 1, "one session thread");
+    std::fs::write(m.join("f"), vec![3u8; 1 << 20]).unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        for _ in 0..4 {
+            s.spawn(|| {
+                let f = std::fs::File::open(m.join("f")).unwrap();
+                let mut buf = [0u8; 4096];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    use std::os::unix::fs::FileExt;
+                    f.read_exact_at(&mut buf, 8192).unwrap();
+                    assert_eq!(buf, [3u8; 4096]);
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    let (_, peak) = workers("w");
+    assert!(
+        (2..=4).contains(&peak),
+        "four readers at once: between 2 and 4 workers, saw {peak}"
+    );
+    assert_eq!(settle("w"), 1, "the extra workers end once idle");
+    assert_eq!(std::fs::read(m.join("f")).unwrap(), vec![3u8; 1 << 20]);
+    h.ok(&["mount", "-o", "transport=uring", "v", mr.to_str().unwrap()]);
+    std::fs::write(mr.join("g"), b"over the ring").unwrap();
+    assert_eq!(std::fs::read(mr.join("g")).unwrap(), b"over the ring");
+    assert_eq!(settle("v"), 1, "a ring mount: one /dev/fuse worker");
+    assert_eq!(threads_named(pid, "tenantfs-v"), 1);
+    d.terminate_cleanly(&[&m, &mr]);
+}

@@ -1,12 +1,44 @@
-//! One ring request -> one call of [`Operations`] -> the reply's bytes. The request's fixed
-//! struct is in the entry header's op area, its names and data in the payload; the reply
-//! goes into the same payload buffer once the request's arguments have been used.
+//! One FUSE request -> one call of [`Operations`] -> the reply's bytes, for both transports.
+//! The request's fixed struct comes apart from its names and data (the ring's entry header
+//! holds it in its op area; over /dev/fuse it is split off by its size); the reply goes into
+//! the payload buffer once the request's arguments have been used.
 
 use fuser::Errno;
 
-use super::abi::{self, fattr, opcode, Fields, InHeader, Out};
+use super::wire::{self as abi, fattr, opcode, Fields, InHeader, Out};
 use crate::fuse::ops::{system_time, Operations, Xattr, TTL};
 use crate::volume::{Owner, SetAttr};
+
+/// Answers one request as [`answer`] does, as the out-header's error (0 or a negative errno)
+/// and the reply's payload length. A panic while answering fails that request with EIO: the
+/// thread that serves it must keep serving, or its requests would wait forever.
+pub fn answer_or_eio(
+    ops: &Operations,
+    h: &InHeader,
+    op_in: &[u8],
+    payload: &mut [u8],
+    in_len: usize,
+    scratch: &mut Vec<u8>,
+) -> (i32, usize) {
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        answer(ops, h, op_in, payload, in_len, scratch)
+    }));
+    // A buffer grown by an unusually large read is not kept.
+    if scratch.capacity() > 2 * super::ops::MAX_WRITE as usize {
+        *scratch = Vec::new();
+    }
+    match r {
+        Ok(Ok(len)) => (0, len),
+        Ok(Err(errno)) => (-errno.code(), 0),
+        Err(_) => {
+            tracing::error!(
+                opcode = h.opcode,
+                "a FUSE request panicked; it fails with EIO, the mount keeps serving"
+            );
+            (-libc::EIO, 0)
+        }
+    }
+}
 
 /// Answers one request: the reply's payload length, or the errno to send instead.
 /// `payload` holds `in_len` bytes of request and receives the reply; `scratch` is a reused
