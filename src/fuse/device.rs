@@ -131,15 +131,9 @@ impl Workers {
                     self.handle(&mut buf, n, &mut scratch);
                     self.counts().waiting += 1;
                 }
-                Ok(Next::Idle) if !first => {
-                    let mut c = self.counts();
-                    if c.running > 1 {
-                        c.running -= 1;
-                        c.waiting -= 1;
-                        self.publish(&c);
-                        tracing::debug!(workers = c.running, "an idle FUSE worker ends");
-                        return Ok(());
-                    }
+                Ok(Next::Idle) if !first && self.counts().running > 1 => {
+                    tracing::debug!("an idle FUSE worker ends");
+                    break Ok(());
                 }
                 Ok(Next::Idle | Next::Again) => {}
                 Ok(Next::Ended) => break Ok(()),
