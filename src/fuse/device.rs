@@ -210,7 +210,7 @@ impl Workers {
 
     /// Answers the request in `buf[..n]` (the reply goes out from the same buffer).
     fn handle(&self, buf: &mut [u8], n: usize, scratch: &mut Vec<u8>) {
-        let Some(h) = InHeader::parse(&buf[..n]) else {
+        let Some(h) = InHeader::parse(&buf[..n]).filter(|_| n >= IN_HEADER_SIZE) else {
             tracing::warn!(bytes = n, "a FUSE request shorter than its header; ignored");
             return;
         };

@@ -8,75 +8,34 @@ use std::fs::{self, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::TestRunner;
 
-use crate::common::guards::enable_fuse_uring;
+use crate::common::guards::{enable_fuse_uring, Mount};
+use crate::common::mount::Host;
 use crate::generators::{length, offset};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tenantfs");
-
-/// One mount for the whole test; each case works in fresh subdirectories. Unmounts on drop.
+/// One mount for the whole test; each case works in fresh subdirectories. Unmounts on drop
+/// (before the host's temp dir goes: fields drop in order).
 struct Fixture {
-    _tmp: tempfile::TempDir,
-    data: PathBuf,
-    mnt: PathBuf,
+    mount: Mount,
     local: PathBuf,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = Command::new(BIN)
-            .arg("--data-dir")
-            .arg(&self.data)
-            .arg("umount")
-            .arg(&self.mnt)
-            .output();
-    }
-}
-
-fn tenantfs(data: &Path, args: &[&str]) {
-    let out = Command::new(BIN)
-        .arg("--data-dir")
-        .arg(data)
-        .args(["--config", "/dev/null"])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "tenantfs {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    _host: Host,
 }
 
 impl Fixture {
     /// A mount served over `transport` (uring or dev).
     fn new(transport: &str) -> Self {
-        let tmp = tempfile::Builder::new()
-            .prefix("tenantfs-model-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        let data = tmp.path().join("data");
-        let mnt = tmp.path().join("mnt");
-        let local = tmp.path().join("local");
-        fs::create_dir(&mnt).unwrap();
-        fs::create_dir(&local).unwrap();
-        tenantfs(&data, &["init"]);
-        tenantfs(&data, &["tenant", "create", "model"]);
-        let options = format!("transport={transport}");
-        tenantfs(
-            &data,
-            &["mount", "-o", &options, "model", mnt.to_str().unwrap()],
-        );
+        let host = Host::new("model");
+        host.create_tenant("model");
+        let (mnt, local) = (host.dir("mnt"), host.dir("local"));
+        let mount = host.mount("model", &mnt, &format!("transport={transport}"));
         Fixture {
-            _tmp: tmp,
-            data,
-            mnt,
+            mount,
             local,
+            _host: host,
         }
     }
 }
@@ -282,37 +241,27 @@ fn mount_over_io_uring_behaves_like_a_local_directory() {
     model(&fx);
     // The requests went over the ring: its queue threads (one per CPU, in the process serving
     // this data dir) woke up for them, thousands of times.
-    let wakeups = ring_thread_wakeups(&fx.data);
+    let wakeups = ring_thread_wakeups(fx.mount.pid);
     assert!(wakeups > 1000, "ring queue threads woke {wakeups} times");
 }
 
-/// Voluntary context switches of the `fuse-ring-*` threads of the process serving `data`.
-fn ring_thread_wakeups(data: &Path) -> u64 {
+/// Voluntary context switches of the `fuse-ring-*` threads of process `pid`.
+fn ring_thread_wakeups(pid: u32) -> u64 {
     let mut total = 0;
     let mut threads = 0;
-    for p in fs::read_dir("/proc").unwrap().flatten() {
-        let cmdline = fs::read(p.path().join("cmdline")).unwrap_or_default();
-        if !String::from_utf8_lossy(&cmdline).contains(data.to_str().unwrap()) {
+    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap().flatten() {
+        let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("fuse-ring-") {
             continue;
         }
-        for t in fs::read_dir(p.path().join("task"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let comm = fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-            if !comm.starts_with("fuse-ring-") {
-                continue;
-            }
-            threads += 1;
-            let status = fs::read_to_string(t.path().join("status")).unwrap_or_default();
-            total += status
-                .lines()
-                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
-                .map_or(0, |v| v.trim().parse::<u64>().unwrap());
-        }
+        threads += 1;
+        let status = fs::read_to_string(t.path().join("status")).unwrap_or_default();
+        total += status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .map_or(0, |v| v.trim().parse::<u64>().unwrap());
     }
-    assert!(threads > 0, "no fuse-ring threads serve {}", data.display());
+    assert!(threads > 0, "no fuse-ring threads in process {pid}");
     total
 }
 
@@ -329,7 +278,7 @@ fn model(fx: &Fixture) {
     });
     let result = runner.run(&prop::collection::vec(op(), 1..50), |ops| {
         let n = case.fetch_add(1, Ordering::Relaxed);
-        let a = fx.mnt.join(format!("case{n}"));
+        let a = fx.mount.path.join(format!("case{n}"));
         let b = fx.local.join(format!("case{n}"));
         fs::create_dir(&a).unwrap();
         fs::create_dir(&b).unwrap();
