@@ -14,6 +14,9 @@ use cli::{BaseCommand, CacheCommand, Cli, Command, ConfigCommand, TenantCommand}
 
 fn main() -> ExitCode {
     tenantfs::logging::init("warn");
+    // The tests set the library's failpoints through FAILPOINTS (the fail crate's syntax);
+    // other builds have none.
+    let _failpoints = fail::has_failpoints().then(fail::FailScenario::setup);
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

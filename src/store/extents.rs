@@ -238,6 +238,8 @@ impl ExtentFiles {
             self.rolled.fetch_add(1, Ordering::Relaxed);
             return Err(self.error("write", number, detail));
         }
+        // Crash tests stop a process here: bytes handed to the file, no span returned yet.
+        fail::fail_point!("extent-appended");
         let start = o.size;
         let spans = data
             .chunks(piece.max(1))
@@ -584,6 +586,7 @@ impl ExtentFiles {
                 Ok(()) => {
                     gone.files += 1;
                     gone.bytes += bytes;
+                    fail::fail_point!("extent-file-deleted");
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(StoreError::io(&self.tenant, &path, e)),

@@ -397,7 +397,11 @@ extern "C" fn tenantfs_prefix_create(key: *const c_void, prefix: *mut c_char, le
         )
     };
     match file_key::new_prefix(key, out) {
-        Ok(_) => 0,
+        Ok(_) => {
+            // Crash tests learn here that RocksDB started a new file (a flush or compaction).
+            fail::fail_point!("store-file-created");
+            0
+        }
         Err(e) => {
             tracing::error!(error = %e, "cannot create a file key header");
             -1
@@ -458,6 +462,8 @@ extern "C" fn tenantfs_cipher_apply(
             std::slice::from_raw_parts_mut(data.cast::<u8>(), len),
         )
     };
+    // Crash tests stop a process here: in the middle of a store file's read or write.
+    fail::fail_point!("store-cipher");
     cipher.apply(offset, data);
     0
 }

@@ -347,6 +347,16 @@ impl TenantDb {
         }
     }
 
+    /// How many blob files the store's current version references (a blob file in its
+    /// directory beyond these is an orphan).
+    pub fn blob_file_count(&self) -> u64 {
+        self.db
+            .property_int_value_cf(self.cf(Family::Extents), "rocksdb.num-blob-files")
+            .ok()
+            .flatten()
+            .unwrap_or(0)
+    }
+
     /// Bytes in memtables (active and immutable) that no SST holds yet.
     pub fn unflushed_bytes(&self) -> u64 {
         Family::ALL

@@ -89,6 +89,7 @@ pub(crate) fn collect_extent_files(
         return Ok(done);
     }
     // What made them unnamed (overwrites, deletes, folds, moves) may be in a memtable only.
+    fail::fail_point!("extent-collection-flush");
     db.flush()?;
     done.taken = files.collect(horizon, &live, occasion == Occasion::Rolled)?;
     Ok(done)
@@ -365,71 +366,73 @@ mod tests {
         vol.fsync().unwrap();
     }
 
+    /// Where the children of the collection crash test stop: halfway through the moves (the
+    /// 384th of 768 chunks appended), the moves done and the flush that makes them durable
+    /// not begun, the 2nd file deleted after it.
+    const MOVE_PARK: [(&str, u64); 3] = [
+        ("extent-appended", 384),
+        ("extent-collection-flush", 1),
+        ("extent-file-deleted", 2),
+    ];
+
     /// A collection moves live chunks (values swapped in the memtable only), flushes, and
-    /// deletes files: killed at three points of it, the store reopens with the kept file whole
-    /// (no value naming a deleted file or bytes not written), and a collection run to its end
-    /// afterwards takes the garbage the killed ones left.
+    /// deletes files: killed at three points of it (`MOVE_PARK`), the store reopens with the
+    /// kept file whole (no value naming a deleted file or bytes not written), and a collection
+    /// run to its end afterwards takes the garbage the killed ones left.
     #[test]
     fn kill9_during_extent_collection_loses_nothing() {
-        if let Ok(root) = std::env::var(MOVE_CHILD_ENV) {
-            let store = TestStore::existing(std::path::Path::new(&root));
+        if let Ok(spec) = std::env::var(MOVE_CHILD_ENV) {
+            let (root, point) = spec.split_once(':').unwrap();
+            let (name, nth) = MOVE_PARK[point.parse::<usize>().unwrap()];
+            let store = TestStore::existing(std::path::Path::new(root));
             let vol = store.open();
             vol.tenant().db().extent_files().set_roll_bytes(3 << 20);
-            // (The parent reads where the child is from its stdout, as the other kill -9
-            // tests' children report.)
-            let say = |line: String| {
-                use std::io::Write;
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{line}").and_then(|()| out.flush());
-            };
-            say("MOVE start".into());
+            crate::volume::testing::park_at_failpoint(name, nth);
+            println!("MOVE start");
             let done = collect(&vol, 0);
-            say(format!("MOVE done {done:?}"));
+            println!("MOVE done {done:?}");
             return;
         }
         let store = TestStore::new();
         let keep: Vec<u8> = (0..KEEP as u64)
             .map(|i| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as u8 | 1)
             .collect();
-        let mut killed_mid_collection = 0;
-        for delay_ms in [10, 40, 90] {
+        for (point, (name, nth)) in MOVE_PARK.into_iter().enumerate() {
             write_sparse(&store.open(), &keep);
             let mut child = std::process::Command::new(std::env::current_exe().unwrap())
                 .args(["--exact", MOVE_TEST, "--nocapture", "--test-threads=1"])
-                .env(MOVE_CHILD_ENV, store.root())
+                .env(
+                    MOVE_CHILD_ENV,
+                    format!("{}:{point}", store.root().display()),
+                )
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .unwrap();
             use std::io::BufRead;
-            let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-            assert!(
-                lines
-                    .by_ref()
-                    .map_while(|l| l.ok())
-                    .any(|l| l.contains("MOVE start")),
-                "the child never started"
-            );
-            std::thread::sleep(Duration::from_millis(delay_ms));
+            let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+            // (libtest prints `test name ... ` before the child's first line.)
+            let seen: Vec<String> = lines
+                .map_while(|l| l.ok())
+                .filter(|l| l.contains("MOVE ") || l.contains(crate::volume::testing::PARKED))
+                .take_while(|l| !l.contains(crate::volume::testing::PARKED))
+                .collect();
             nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
                 nix::sys::signal::Signal::SIGKILL,
             )
             .unwrap();
             child.wait().unwrap();
-            if !lines.map_while(|l| l.ok()).any(|l| l.contains("MOVE done")) {
-                killed_mid_collection += 1;
-            }
+            assert!(
+                seen.len() == 1 && seen[0].ends_with("MOVE start"),
+                "{name} hit {nth}: the child did not park inside its collection: {seen:?}"
+            );
             let vol = store.open();
             let a = vol.lookup(ROOT_INO, b"keep").unwrap().ino;
             assert!(
                 vol.read(a, 0, KEEP as u32).unwrap() == keep,
-                "killed after {delay_ms} ms: the kept file changed"
+                "killed at {name} hit {nth}: the kept file changed"
             );
         }
-        assert!(
-            killed_mid_collection >= 2,
-            "only {killed_mid_collection} of 3 kills landed inside a collection"
-        );
         let vol = store.open();
         vol.tenant().db().extent_files().set_roll_bytes(3 << 20);
         collect(&vol, 0);

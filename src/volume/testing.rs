@@ -1,5 +1,6 @@
 //! A tenant store for the volume's unit tests (and the FUSE operations' ones): one place
-//! that builds a data dir, a store host and a tenant.
+//! that builds a data dir, a store host and a tenant; and the crash point their kill -9
+//! tests' children stop at.
 
 /// A fresh tenant in a temporary data dir, whose volume tests open (and open again).
 pub(crate) struct TestStore {
@@ -45,4 +46,33 @@ impl TestStore {
     pub(crate) fn open(&self) -> super::Volume {
         super::Volume::open(crate::tenants::open(&self.data, &self.host, "t").unwrap()).unwrap()
     }
+}
+
+/// The line a child parked at a crash point prints.
+pub(crate) const PARKED: &str = "PARKED";
+
+/// Arms failpoint `name` (the `fail` crate; the test build turns its `failpoints` feature on)
+/// in this process: its `nth` hit prints [`PARKED`] on stdout and parks the thread for good, for
+/// the parent to kill the process there. (The integration tests' children park the same way,
+/// with `tests/it/common/crash_point.rs`.)
+pub(crate) fn park_at_failpoint(name: &str, nth: u64) {
+    assert!(
+        fail::has_failpoints(),
+        "the test build lost `fail/failpoints`"
+    );
+    let hits = std::sync::atomic::AtomicU64::new(0);
+    fail::cfg_callback(name, move || {
+        if hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == nth {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{PARKED}")
+                .and_then(|()| out.flush())
+                .unwrap();
+            drop(out);
+            loop {
+                std::thread::park();
+            }
+        }
+    })
+    .unwrap();
 }

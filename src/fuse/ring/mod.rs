@@ -444,11 +444,11 @@ impl Queue {
     }
 }
 
-/// Failpoint for tests: `TENANTFS_FAILPOINTS=fuse-ring-submit` makes every queue's first
-/// submission fail, to show that the mount then falls back to /dev/fuse.
+/// Failpoint `fuse-ring-submit` (tests: `FAILPOINTS=fuse-ring-submit=return`) makes every
+/// queue's first submission fail, to show that the mount then falls back to /dev/fuse.
 fn failpoint_submit() -> bool {
-    std::env::var("TENANTFS_FAILPOINTS")
-        .is_ok_and(|v| v.split(',').any(|f| f.trim() == "fuse-ring-submit"))
+    fail::fail_point!("fuse-ring-submit", |_| true);
+    false
 }
 
 /// Sets an SQE's `addr` and `len` (the io_uring crate's UringCmd80 leaves them zero; the

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod cgroup;
+pub mod crash_point;
 pub mod guards;
 pub mod mount;
 pub mod process;

@@ -184,7 +184,7 @@ fn a_ring_queue_that_cannot_submit_falls_back_to_dev_fuse() {
     let m = h.dir("m");
     h.create_tenant("f");
     let notify = h.root().join("notify");
-    let (mut d, _n) = start_daemon_env(&h, &notify, &[("TENANTFS_FAILPOINTS", "fuse-ring-submit")]);
+    let (mut d, _n) = start_daemon_env(&h, &notify, &[("FAILPOINTS", "fuse-ring-submit=return")]);
     h.ok(&["mount", "-o", "transport=uring", "f", m.to_str().unwrap()]);
     std::fs::write(m.join("a"), b"still served").unwrap();
     assert_eq!(std::fs::read(m.join("a")).unwrap(), b"still served");

@@ -57,11 +57,24 @@ pub(super) fn blob_files(dir: &std::path::Path) -> Vec<(String, u64)> {
 }
 
 /// The child: one more synced overwrite of `churn` (its content named by the trial), then
-/// blob GC over and over, each run announced on stdout, until killed.
-pub(super) fn gc_child(root: &str, trial: u64) {
+/// blob GC over and over, each run announced on stdout; once the run has created its first
+/// file (the flush it starts with), the child parks at its `park`-th store cipher call (a
+/// piece of a store file read or written).
+pub(super) fn gc_child(root: &str, trial: u64, park: u64) {
     let vol = open_in_child(root, "gc");
     gc_write(&vol, "churn", &noise(1000 + trial, GC_CHURN));
     vol.fsync().unwrap();
+    let gc_wrote = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let gc_wrote = gc_wrote.clone();
+        fail::cfg_callback("store-file-created", move || {
+            gc_wrote.store(true, std::sync::atomic::Ordering::Relaxed)
+        })
+        .unwrap();
+    }
+    common::crash_point::park_at("store-cipher", park, move || {
+        gc_wrote.load(std::sync::atomic::Ordering::Relaxed)
+    });
     for i in 0.. {
         println!("GC start {i}");
         vol.tenant().db().collect_blob_garbage();
@@ -70,14 +83,13 @@ pub(super) fn gc_child(root: &str, trial: u64) {
 }
 
 /// Blob GC moves live file data from old blob files into new ones while it deletes the old:
-/// a kill -9 at any point of it loses nothing that was synced, the partial blob file it was
-/// writing is deleted at the next open (RocksDB itself keeps it forever), and the space of
-/// overwritten data comes back once GC completes.
+/// a kill -9 at any point of it (here early, midway and late in the first run) loses nothing
+/// that was synced, the partial blob file it was writing is deleted at the next open (RocksDB
+/// itself keeps it forever), and the space of overwritten data comes back once GC completes.
 #[test]
 fn kill9_during_blob_garbage_collection_loses_nothing_synced() {
-    if let Ok(spec) = std::env::var(GC_CHILD_ENV) {
-        let (root, trial) = spec.split_once(':').unwrap();
-        gc_child(root, trial.parse().unwrap());
+    if let Some((root, trial, park)) = child_spec(GC_CHILD_ENV) {
+        gc_child(&root, trial, park);
         return;
     }
     let t = TestHost::new(DirectIo::Auto);
@@ -95,46 +107,19 @@ fn kill9_during_blob_garbage_collection_loses_nothing_synced() {
         drop(vol);
         tenantfs::data_dir::tenants_dir(&t.root).join("gc")
     };
-    let mut killed_mid_gc = 0;
-    for (trial, delay_ms) in [(1u64, 40u64), (2, 150), (3, 400)] {
+    for (trial, park) in (1u64..).zip(GC_PARK) {
         let before = blob_files(&store_dir);
         let mut child = spawn_child(
             "kill9_during_blob_garbage_collection_loses_nothing_synced",
-            &[(GC_CHILD_ENV, format!("{}:{trial}", t.root.display()))],
+            &[(GC_CHILD_ENV, format!("{}:{trial}:{park}", t.root.display()))],
         );
-        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
-        let reader = {
-            let lines = lines.clone();
-            let out = child.stdout.take().unwrap();
-            std::thread::spawn(move || {
-                use std::io::BufRead;
-                for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                    if l.starts_with("GC ") {
-                        lines.lock().unwrap().push(l);
-                    }
-                }
-            })
-        };
-        let t0 = std::time::Instant::now();
-        while lines.lock().unwrap().is_empty() {
-            assert!(
-                t0.elapsed() < std::time::Duration::from_secs(60),
-                "the child never started GC"
-            );
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
-        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
-        let last = lines.lock().unwrap().last().cloned().unwrap();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        child.wait().unwrap();
-        reader.join().unwrap();
-        if last.starts_with("GC start") {
-            killed_mid_gc += 1;
-        }
+        let seen = common::crash_point::kill_when_parked(&mut child);
+        assert_eq!(
+            seen,
+            ["GC start 0", common::crash_point::PARKED],
+            "trial {trial}: the child parks inside its first GC run"
+        );
+        let at_kill = blob_files(&store_dir);
         let vol = open_volume(&t, "gc");
         assert!(
             gc_read(&vol, "keep", GC_KEEP) == keep,
@@ -146,30 +131,34 @@ fn kill9_during_blob_garbage_collection_loses_nothing_synced() {
         );
         let after = blob_files(&store_dir);
         assert_ne!(before, after, "trial {trial}: GC changed no blob file");
-        // The blob file the killed GC was writing is referenced by nothing: deleted at open.
+        // The blob file the killed job was writing is referenced by nothing: deleted at open.
+        assert_eq!(
+            after.len() as u64,
+            vol.tenant().db().blob_file_count(),
+            "trial {trial}: blob files the store does not reference are left (at the kill: \
+             {at_kill:?}, after the reopen: {after:?})"
+        );
+        // A GC that runs to its end gives the space of the overwritten data back.
+        vol.tenant().db().collect_blob_garbage();
         let live = (GC_KEEP + GC_CHURN) as u64;
-        let blob_bytes: u64 = after.iter().map(|(_, l)| l).sum();
+        let blob_bytes: u64 = blob_files(&store_dir).iter().map(|(_, l)| l).sum();
         assert!(
             blob_bytes < live + live / 4,
-            "trial {trial}: {blob_bytes} bytes of blob files for {live} live bytes: {after:?}"
+            "trial {trial}: blob files hold {blob_bytes} bytes for {live} live bytes after GC: \
+             {:?}",
+            blob_files(&store_dir)
+        );
+        assert!(
+            gc_read(&vol, "keep", GC_KEEP) == keep,
+            "trial {trial}: keep changed by GC"
         );
     }
-    assert!(
-        killed_mid_gc >= 2,
-        "only {killed_mid_gc} of 3 kills landed inside a GC run"
-    );
-    // A GC that runs to its end gives the space of the overwritten data back.
-    let vol = open_volume(&t, "gc");
-    vol.tenant().db().collect_blob_garbage();
-    let live = (GC_KEEP + GC_CHURN) as u64;
-    let blob_bytes: u64 = blob_files(&store_dir).iter().map(|(_, l)| l).sum();
-    assert!(
-        blob_bytes < live + live / 4,
-        "blob files hold {blob_bytes} bytes for {live} live bytes after GC: {:?}",
-        blob_files(&store_dir)
-    );
-    assert!(gc_read(&vol, "keep", GC_KEEP) == keep);
 }
+
+/// Where the GC children park: the nth store cipher call after the run created its first file;
+/// early, midway and late in the first run, which makes 153-154 such calls in each trial
+/// (counted with a callback on the same two failpoints).
+const GC_PARK: [u64; 3] = [1, 60, 120];
 
 pub(super) const FOLD_CHILD_ENV: &str = "TENANTFS_TEST_FOLD_CHILD";
 pub(super) const FOLD_FILE: usize = 4 << 20;
@@ -301,6 +290,16 @@ pub(super) fn open_in_child(root: &str, name: &str) -> Volume {
     Volume::open(tenants::open(&data, &host, name).unwrap()).unwrap()
 }
 
+/// In a crash test's child: what its parent set in `env`, `root:a:b` (a data dir and two
+/// numbers).
+pub(super) fn child_spec(env: &str) -> Option<(String, u64, u64)> {
+    let spec = std::env::var(env).ok()?;
+    let mut parts = spec.rsplitn(3, ':');
+    let b = parts.next()?.parse().expect("a number");
+    let a = parts.next()?.parse().expect("a number");
+    Some((parts.next()?.to_owned(), a, b))
+}
+
 /// This test binary run again as the child of crash test `test` (its stdout piped), with
 /// `envs` telling it so.
 pub(super) fn spawn_child(test: &str, envs: &[(&str, String)]) -> std::process::Child {
@@ -319,37 +318,31 @@ pub(super) fn extent_piece(round: u64, nth: usize) -> Vec<u8> {
     noise(round * 1000 + nth as u64, 1 << 20)
 }
 
-/// The child: rewrites the file in 1 MiB writes (bulk: into extent files), round after round,
-/// fsyncing after each round and announcing it, until killed.
-pub(super) fn extent_child(root: &str) {
+/// The child: rewrites the file in 1 MiB writes (bulk: into extent files) and fsyncs, then
+/// announces the round; in the next round it parks at its `park`-th extent append.
+pub(super) fn extent_child(root: &str, round: u64, park: u64) {
     let vol = open_in_child(root, "ext");
     let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
-    let first: u64 = std::env::var("TENANTFS_TEST_EXTENT_ROUND")
-        .unwrap()
-        .parse()
-        .unwrap();
-    for round in first.. {
+    for round in [round, round + 1] {
         for nth in 0..EXTENT_FILE >> 20 {
             vol.write(ino, (nth << 20) as u64, &extent_piece(round, nth))
                 .unwrap();
         }
         vol.fsync().unwrap();
-        // (The parent stops reading after the first: later lines may find no reader.)
-        let _ = std::io::Write::write_all(
-            &mut std::io::stdout(),
-            format!("SYNCED {round}\n").as_bytes(),
-        );
+        println!("SYNCED {round}");
+        common::crash_point::park_at("extent-appended", park, || true);
     }
+    unreachable!("the child passed its crash point");
 }
 
 /// Bulk writes go to extent files and their chunk values skip the WAL: killed mid-round (at
-/// three points), the store reopens with every piece of the file either the last synced
-/// round's bytes or the next round's, never anything else (no value naming bytes that were
-/// not written, no lost synced piece).
+/// its 1st, 6th and 13th append after a sync), the store reopens with every piece of the
+/// file either the last synced round's bytes or the next round's, never anything else (no
+/// value naming bytes that were not written, no lost synced piece).
 #[test]
 fn kill9_during_extent_file_writes_loses_nothing_synced() {
-    if let Ok(root) = std::env::var(EXTENT_CHILD_ENV) {
-        extent_child(&root);
+    if let Some((root, round, park)) = child_spec(EXTENT_CHILD_ENV) {
+        extent_child(&root, round, park);
         return;
     }
     let t = TestHost::new(DirectIo::Auto);
@@ -369,40 +362,25 @@ fn kill9_during_extent_file_writes_loses_nothing_synced() {
         );
     }
     let mut synced = 1;
-    for (kill, wait_ms) in [(0, 5u64), (1, 40), (2, 120)] {
+    for park in [1u64, 6, 13] {
+        let round = synced + 1;
         let mut child = spawn_child(
             "kill9_during_extent_file_writes_loses_nothing_synced",
-            &[
-                (EXTENT_CHILD_ENV, t.root.display().to_string()),
-                ("TENANTFS_TEST_EXTENT_ROUND", (synced + 1).to_string()),
-            ],
+            &[(
+                EXTENT_CHILD_ENV,
+                format!("{}:{round}:{park}", t.root.display()),
+            )],
         );
-        use std::io::BufRead;
-        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-        let mut note = |line: &str| {
-            if let Some((_, n)) = line.split_once("SYNCED ") {
-                synced = n.parse::<u64>().unwrap();
-                true
-            } else {
-                false
-            }
-        };
-        for line in lines.by_ref().map_while(Result::ok) {
-            if note(&line) {
-                break;
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(wait_ms));
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
-        child.wait().unwrap();
-        // The rounds it synced before the kill (their lines wait in the pipe).
-        for line in lines.map_while(Result::ok) {
-            note(&line);
-        }
+        let seen = common::crash_point::kill_when_parked(&mut child);
+        assert_eq!(
+            seen,
+            [
+                format!("SYNCED {round}"),
+                common::crash_point::PARKED.to_owned()
+            ],
+            "append {park}: the child parks in the round after its first sync"
+        );
+        synced = round;
         let vol = open_volume(&t, "ext");
         let back = gc_read(&vol, "f", EXTENT_FILE);
         let mut newer = 0;
@@ -412,11 +390,11 @@ fn kill9_during_extent_file_writes_loses_nothing_synced() {
             } else {
                 assert!(
                     piece == extent_piece(synced, nth).as_slice(),
-                    "kill {kill}: piece {nth} is neither round {synced} (synced) nor the next"
+                    "append {park}: piece {nth} is neither round {synced} (synced) nor the next"
                 );
             }
         }
-        println!("kill {kill}: round {synced} synced, {newer} pieces of the next kept");
+        println!("append {park}: round {synced} synced, {newer} pieces of the next kept");
         // The next child starts from what is on disk: all of one round again.
         let ino = vol.lookup(ROOT_INO, b"f").unwrap().ino;
         for nth in 0..pieces {
