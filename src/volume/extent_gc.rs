@@ -382,7 +382,7 @@ mod tests {
     #[test]
     fn kill9_during_extent_collection_loses_nothing() {
         if let Ok(spec) = std::env::var(MOVE_CHILD_ENV) {
-            let (root, point) = spec.split_once(':').unwrap();
+            let (root, point) = spec.rsplit_once(':').unwrap();
             let (name, nth) = MOVE_PARK[point.parse::<usize>().unwrap()];
             let store = TestStore::existing(std::path::Path::new(root));
             let vol = store.open();
