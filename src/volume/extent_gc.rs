@@ -388,9 +388,9 @@ mod tests {
             let vol = store.open();
             vol.tenant().db().extent_files().set_roll_bytes(3 << 20);
             crate::volume::testing::park_at_failpoint(name, nth);
-            println!("MOVE start");
+            crate::volume::testing::say("MOVE start");
             let done = collect(&vol, 0);
-            println!("MOVE done {done:?}");
+            crate::volume::testing::say(&format!("MOVE done {done:?}"));
             return;
         }
         let store = TestStore::new();

@@ -63,16 +63,19 @@ pub(crate) fn park_at_failpoint(name: &str, nth: u64) {
     let hits = std::sync::atomic::AtomicU64::new(0);
     fail::cfg_callback(name, move || {
         if hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1 == nth {
-            use std::io::Write;
-            let mut out = std::io::stdout().lock();
-            writeln!(out, "{PARKED}")
-                .and_then(|()| out.flush())
-                .unwrap();
-            drop(out);
+            say(PARKED);
             loop {
                 std::thread::park();
             }
         }
     })
     .unwrap();
+}
+
+/// A line on stdout, flushed, for the parent of a crash test's child to read (the library
+/// logs through tracing; this is the child's report to its parent, not a log).
+pub(crate) fn say(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
