@@ -235,6 +235,12 @@ impl TenantDb {
         Ok(())
     }
 
+    /// False when `key` is surely absent from `family`; true when it may exist. Memtables,
+    /// bloom filters and the block cache only: never a disk read.
+    pub fn may_exist(&self, family: Family, key: &[u8]) -> bool {
+        self.db.key_may_exist_cf(self.cf(family), key)
+    }
+
     pub fn put(&self, family: Family, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
         let mut batch = self.batch();
         batch.put(family, key, value);

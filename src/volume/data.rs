@@ -14,7 +14,7 @@
 //! those bytes after their lookups. Chunk values: `chunk`; layout: `codec`.
 
 use std::borrow::Cow;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::chunk::{chunk_bytes, ChunkAt};
 use super::codec::{
@@ -116,8 +116,9 @@ impl Volume {
         }
     }
 
-    /// The current bytes of one block (zeros for a hole), `block_size` long.
-    fn read_block(&self, ino: u64, index: u64) -> Result<Vec<u8>> {
+    /// The current bytes of one block (zeros for a hole), `block_size` long, and whether a
+    /// chunk value lies under it.
+    fn read_block(&self, ino: u64, index: u64) -> Result<(Vec<u8>, bool)> {
         let mut block = vec![0u8; self.block_size as usize];
         let (keys, names) = lookup_keys(ino, index, index, self.chunk_blocks);
         let mut from_block = None;
@@ -128,13 +129,14 @@ impl Volume {
                 ExtentKey::Block(_) => from_block = Some(v.to_vec()),
                 ExtentKey::Chunk(c) => from_chunk = Some((c, v.to_vec())),
             })?;
+        let over_chunk = from_chunk.is_some();
         if let Some(v) = from_block {
             self.decode_block_into(ino, &v, &mut block)?;
         } else if let Some((c, v)) = from_chunk {
             let chunk = chunk_bytes(&self.tenant, ino, &v)?;
             self.chunk_block_into(ino, &chunk, index - c, &mut block)?;
         }
-        Ok(block)
+        Ok((block, over_chunk))
     }
 
     fn decode_block_into(&self, ino: u64, value: &[u8], out: &mut [u8]) -> Result<()> {
@@ -192,6 +194,8 @@ impl Volume {
         let bs = self.block_size;
         let end = offset + data.len() as u64;
         let mut blocks: Vec<(u64, Cow<'_, [u8]>)> = Vec::new();
+        // Chunks a partial block was read in: whether a chunk value lies under it is known.
+        let mut read_in = BTreeMap::new();
         let mut pos = offset;
         while pos < end {
             let index = pos / bs;
@@ -206,7 +210,9 @@ impl Volume {
                 let mut block = if block_start >= size {
                     vec![0u8; bs as usize]
                 } else {
-                    self.read_block(ino, index)?
+                    let (block, over_chunk) = self.read_block(ino, index)?;
+                    *read_in.entry(self.chunk_of(index)).or_default() |= over_chunk;
+                    block
                 };
                 block[lo..hi].copy_from_slice(src);
                 Cow::Owned(block)
@@ -219,7 +225,9 @@ impl Volume {
             // once writes leave it alone. A block of zeros is a hole, an absent key
             // that would let the chunk show through: its chunk is split now, as is one the fold
             // queue cannot take. Past the old end of file no chunk exists (truncation splits or
-            // drops them).
+            // drops them). Nor does one under most blocks written below it: a file written in
+            // pieces smaller than a chunk (tar writes 10 KiB) has none, and a block patched at
+            // the end of one piece must not queue a fold for nothing (`chunk_may_lie_under`).
             let mut split = BTreeSet::new();
             let mut queued = BTreeSet::new();
             for (index, block) in blocks.iter().filter(|(index, _)| index * bs < size) {
@@ -230,7 +238,16 @@ impl Volume {
                     queued.insert(first);
                 }
             }
-            let later: Vec<u64> = queued.difference(&split).copied().collect();
+            let later: Vec<u64> = queued
+                .difference(&split)
+                .copied()
+                .filter(|first| {
+                    read_in
+                        .get(first)
+                        .copied()
+                        .unwrap_or_else(|| self.chunk_may_lie_under(ino, *first))
+                })
+                .collect();
             for first in later {
                 if !self.folds.note(ino, first, true) {
                     split.insert(first);
@@ -244,6 +261,12 @@ impl Volume {
             self.put_block(b, ino, *index, block);
         }
         Ok(())
+    }
+
+    /// False when chunk `first` of `ino` surely does not exist (no disk read: a false
+    /// positive only queues a fold that finds nothing to do).
+    fn chunk_may_lie_under(&self, ino: u64, first: u64) -> bool {
+        self.db().may_exist(Family::Extents, &chunk_key(ino, first))
     }
 
     /// Writes whole aligned chunks `data` at `offset` (a multiple of the chunk size) of `ino`
