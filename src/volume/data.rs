@@ -225,9 +225,9 @@ impl Volume {
             // once writes leave it alone. A block of zeros is a hole, an absent key
             // that would let the chunk show through: its chunk is split now, as is one the fold
             // queue cannot take. Past the old end of file no chunk exists (truncation splits or
-            // drops them). Nor does one under most blocks written below it: a file written in
-            // pieces smaller than a chunk (tar writes 10 KiB) has none, and a block patched at
-            // the end of one piece must not queue a fold for nothing (`chunk_may_lie_under`).
+            // drops them). Only a chunk that exists is queued: a file written in pieces
+            // smaller than a chunk (tar writes 10 KiB) has none, and the block each piece
+            // patches where the last one ended must not queue a fold for nothing.
             let mut split = BTreeSet::new();
             let mut queued = BTreeSet::new();
             for (index, block) in blocks.iter().filter(|(index, _)| index * bs < size) {
