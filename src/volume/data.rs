@@ -227,7 +227,8 @@ impl Volume {
             // queue cannot take. Past the old end of file no chunk exists (truncation splits or
             // drops them). Only a chunk that exists is queued: a file written in pieces
             // smaller than a chunk (tar writes 10 KiB) has none, and the block each piece
-            // patches where the last one ended must not queue a fold for nothing.
+            // patches where the last one ended must not queue a fold for nothing. (A chunk
+            // already queued exists: random writes into it ask the store nothing.)
             let mut split = BTreeSet::new();
             let mut queued = BTreeSet::new();
             for (index, block) in blocks.iter().filter(|(index, _)| index * bs < size) {
@@ -242,10 +243,9 @@ impl Volume {
                 .difference(&split)
                 .copied()
                 .filter(|first| {
-                    read_in
-                        .get(first)
-                        .copied()
-                        .unwrap_or_else(|| self.chunk_may_lie_under(ino, *first))
+                    read_in.get(first).copied().unwrap_or_else(|| {
+                        self.folds.is_queued(ino, *first) || self.chunk_may_lie_under(ino, *first)
+                    })
                 })
                 .collect();
             for first in later {

@@ -112,6 +112,12 @@ impl Folds {
         }
     }
 
+    /// Whether chunk `first` of `ino` waits to be folded (then it surely exists, and a block
+    /// written into it needs no look at the store).
+    pub(crate) fn is_queued(&self, ino: u64, first: u64) -> bool {
+        self.shared.lock().due.contains_key(&(ino, first))
+    }
+
     /// Queues chunk `first` of `ino` to be folded once writes leave it alone: a block was
     /// written into it just now (`written`), or a read found blocks over it. False when it
     /// cannot be queued (full, closed, no thread): the caller splits the chunk itself.
