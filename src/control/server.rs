@@ -1,6 +1,7 @@
 //! The listening side: a thread accepting connections, one request each.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -8,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+use nix::sys::socket::{shutdown, Shutdown};
 
 use super::protocol::{Refusal, RefusalCode, Reply, Request, Response};
 
@@ -17,6 +20,12 @@ pub type Handler = Arc<dyn Fn(Request) -> Result<Reply, Refusal> + Send + Sync>;
 /// A listening control socket; dropping it stops the thread and removes the socket file.
 pub struct Server {
     path: PathBuf,
+    /// The listening socket (a second handle to the one the thread accepts on): shut down to
+    /// wake the thread, which works whatever became of the socket file.
+    listener: UnixListener,
+    /// The socket file's (device, inode): it is removed at the end only if it is still ours,
+    /// not one a later server bound at the same path after ours was deleted.
+    file: (u64, u64),
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -46,6 +55,13 @@ impl Server {
         }
         let listener = UnixListener::bind(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        let file = file_id(path).ok_or_else(|| {
+            std::io::Error::other(format!(
+                "control socket {} vanished as it was made",
+                path.display()
+            ))
+        })?;
+        let waker = listener.try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
             let stop = stop.clone();
@@ -55,6 +71,8 @@ impl Server {
         };
         Ok(Self {
             path: path.to_owned(),
+            listener: waker,
+            file,
             stop,
             thread: Some(thread),
         })
@@ -68,13 +86,26 @@ impl Server {
 impl Drop for Server {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Release);
-        // Wake the accept call.
-        let _ = UnixStream::connect(&self.path);
+        // Wake the accept call: a shut-down listening socket fails it at once. (Connecting to
+        // the path did not when the socket file was gone: the daemon hung on its way out.)
+        if let Err(e) = shutdown(self.listener.as_raw_fd(), Shutdown::Both) {
+            tracing::warn!(error = %e, "cannot shut the control socket down");
+        }
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
-        let _ = std::fs::remove_file(&self.path);
+        if file_id(&self.path) == Some(self.file) {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
+}
+
+/// A file's (device, inode), if it exists.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 fn accept_loop(listener: UnixListener, handler: Handler, stop: Arc<AtomicBool>) {
@@ -157,6 +188,44 @@ fn serve_one(stream: UnixStream, handler: &Handler) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn refuse_all() -> Handler {
+        Arc::new(|_| Err(Refusal::new(RefusalCode::BadRequest, "test")))
+    }
+
+    /// Drops `server` on a thread of its own; whether that ended within `secs` (a hang is a
+    /// daemon that cannot stop).
+    fn drop_ends(server: Server, secs: u64) -> bool {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            drop(server);
+            let _ = tx.send(());
+        });
+        rx.recv_timeout(Duration::from_secs(secs)).is_ok()
+    }
+
+    /// A server whose socket file was deleted under it (its directory cleaned up, or taken by
+    /// a second server at the same path) still stops when dropped, and leaves the second
+    /// server's socket file where it is.
+    #[test]
+    fn a_server_whose_socket_file_went_stops_and_leaves_the_new_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let first = Server::start(&path, refuse_all()).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let second = Server::start(&path, refuse_all()).unwrap();
+        assert!(drop_ends(first, 30), "the first server hung on its way out");
+        assert!(
+            path.exists(),
+            "the first server removed the second's socket file"
+        );
+        assert!(
+            UnixStream::connect(&path).is_ok(),
+            "the second still answers"
+        );
+        assert!(drop_ends(second, 30));
+        assert!(!path.exists(), "a server removes its own socket file");
+    }
 
     #[test]
     fn only_root_and_the_owner_are_allowed() {
