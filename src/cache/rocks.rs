@@ -93,6 +93,12 @@ impl RocksBlockCache {
         self.inner.lru.raw_insert(key, data)
     }
 
+    /// Drops the entry made by [`insert_raw`](Self::insert_raw) under `key`, if there is one:
+    /// bytes no reader will ask for again give their memory back at once.
+    pub fn erase_raw(&self, key: &[u8]) {
+        self.inner.lru.raw_erase(key)
+    }
+
     /// Looks up an entry made by [`insert_raw`](Self::insert_raw) and hands its bytes to `f`
     /// while it is pinned.
     pub fn with_raw<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
@@ -139,6 +145,25 @@ mod tests {
         cache.set_capacity(0);
         assert_eq!(slabs.stats().live_bytes, 0);
         assert_eq!(cache.slab_allocations(), 0);
+    }
+
+    /// An erased entry is gone for the next lookup and its slot is freed, but a reader that
+    /// held it when it was erased still reads its bytes (the handle pins them: what
+    /// `raw_erase`'s SAFETY relies on).
+    #[test]
+    fn an_erased_raw_entry_is_gone_but_a_pinned_reader_keeps_its_bytes() {
+        let slabs = SlabAllocator::new();
+        let cache = RocksBlockCache::new(1 << 20, &slabs);
+        assert!(cache.insert_raw(b"k", &[7u8; 4096]));
+        let before = slabs.stats().live_bytes;
+        let hit = cache.lru().raw_lookup(b"k").unwrap();
+        cache.erase_raw(b"k");
+        assert!(cache.with_raw(b"k", |_| ()).is_none());
+        assert_eq!(slabs.stats().live_bytes, before, "pinned: not freed yet");
+        assert!(hit.iter().all(|&b| b == 7) && hit.len() == 4096);
+        drop(hit);
+        assert!(slabs.stats().live_bytes < before, "freed once released");
+        cache.erase_raw(b"absent"); // nothing to erase: no effect
     }
 
     #[test]

@@ -35,6 +35,11 @@ extern "C" {
         len: *mut usize,
     ) -> *mut c_void;
     fn tenantfs_cache_raw_release(cache: *const sys::rocksdb_cache_t, handle: *mut c_void);
+    fn tenantfs_cache_raw_erase(
+        cache: *const sys::rocksdb_cache_t,
+        key: *const c_char,
+        key_len: usize,
+    );
     #[cfg(test)]
     fn tenantfs_cache_uses_slabs(cache: *const sys::rocksdb_cache_t) -> i32;
 }
@@ -126,6 +131,13 @@ impl SlabLruCache {
                 data.len(),
             ) == 0
         }
+    }
+
+    /// Drops the entry made by [`raw_insert`](Self::raw_insert) under `key`, if there is one.
+    pub(crate) fn raw_erase(&self, key: &[u8]) {
+        // SAFETY: a live cache; `key` is valid for the call (the cache copies what it keeps of
+        // it); an entry pinned by a `RawHit` stays valid until that hit releases it.
+        unsafe { tenantfs_cache_raw_erase(self.raw(), key.as_ptr().cast(), key.len()) }
     }
 
     /// Looks up an entry made by [`raw_insert`](Self::raw_insert) under `key`.

@@ -424,6 +424,30 @@ impl ExtentFiles {
         self.read_spans(spans, true, f)
     }
 
+    /// Caches `bytes`, just handed to [`Self::append`] as `span`, as a read of the span would:
+    /// for bytes that were read a moment ago and will be again (a fold's merged chunk), so
+    /// that rewriting them costs their readers no disk read.
+    pub(crate) fn keep_cached(&self, span: &ExtentSpan, bytes: &[u8]) {
+        if bytes.len() == span.len as usize {
+            self.cache
+                .insert_raw(&self.cache_key(span.file, span.offset), bytes);
+        }
+    }
+
+    /// Drops the cached bytes of `span`, which no value names any more (a fold replaced it):
+    /// they would otherwise stay until evicted, and push out bytes still read.
+    pub(crate) fn forget_cached(&self, span: &ExtentSpan) {
+        self.cache
+            .erase_raw(&self.cache_key(span.file, span.offset));
+    }
+
+    /// Whether the bytes of `span` are in the cache.
+    #[cfg(test)]
+    pub(crate) fn is_cached(&self, span: &ExtentSpan) -> bool {
+        let key = self.cache_key(span.file, span.offset);
+        self.cache.with_raw(&key, |_| ()).is_some()
+    }
+
     /// [`Self::read`] for bytes about to be moved to another file: what the disk gives is not
     /// cached (its spans are garbage once moved, and would push out what is read again).
     pub(crate) fn read_to_move(

@@ -402,6 +402,12 @@ void tenantfs_cache_raw_release(const rocksdb_cache_t* cache, void* handle) {
   cache->rep->Release(static_cast<Cache::Handle*>(handle));
 }
 
+// Drops the entry under key, if any (a reader holding it keeps it until released).
+void tenantfs_cache_raw_erase(const rocksdb_cache_t* cache, const char* key,
+                             size_t key_len) {
+  cache->rep->Erase(Slice(key, key_len));
+}
+
 // Adds a health listener to `opts`; takes one count of `health`, released with the listener.
 void tenantfs_options_add_health_listener(rocksdb_options_t* opts,
                                           const void* health) {

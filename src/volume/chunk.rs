@@ -7,10 +7,10 @@ use std::collections::BTreeSet;
 
 use super::codec::{
     chunk_key, decode_chunk, decode_extent, decode_extent_key, extent_key, lookup_keys,
-    private_extent, Chunk, Extent, ExtentKey, CHUNK_BYTES,
+    private_extent, stored_chunk, Chunk, Extent, ExtentKey, CHUNK_BYTES,
 };
 use super::Result;
-use crate::store::{Batch, Family};
+use crate::store::{Batch, ExtentSpan, Family, EXTENT_ALIGN};
 use crate::tenants::Tenant;
 
 /// Blocks per chunk for a volume of `block_size` blocks: 1 (no chunks) when a block is already
@@ -105,14 +105,17 @@ impl ChunkAt<'_> {
         Ok(true)
     }
 
-    /// Merges the block keys over the chunk into it in `b`: one value again, the blocks'
-    /// keys deleted; false when there is no chunk or nothing over it. A chunk range holds no
+    /// Merges the block keys over the chunk into it in `b`: one value again (its bytes in an
+    /// extent file, and in the cache), the blocks' keys deleted; `None` when there is no chunk
+    /// or nothing over it. A chunk range holds no
     /// hole (a hole splits its chunk at once), so the merged value holds exactly the bytes a
     /// read would see. A block that is not private data (a base image's block) cannot go
     /// into a chunk: the chunk is split instead ([`Self::split`]). One multi-get of the
     /// chunk's keys brings both the values and which keys exist; the chunk's bytes are laid
-    /// under the blocks after it, when every block over it is known.
-    pub(super) fn merge(&self, b: &mut Batch<'_>) -> Result<bool> {
+    /// under the blocks after it, when every block over it is known. The `Some` holds the old
+    /// chunk's span if it was in an extent file: once `b` is written, its cached bytes can go
+    /// ([`crate::store::ExtentFiles::forget_cached`]).
+    pub(super) fn merge(&self, b: &mut Batch<'_>) -> Result<Option<Option<ExtentSpan>>> {
         let (tenant, ino, first) = (self.tenant, self.ino, self.first);
         let bs = self.block_size as usize;
         let blocks = self.chunk_blocks;
@@ -145,7 +148,11 @@ impl ChunkAt<'_> {
             return Err(super::damaged(tenant, ino));
         }
         let Some(value) = chunk else {
-            return Ok(false);
+            return Ok(None);
+        };
+        let replaced = match decode_chunk(&value) {
+            Some(Chunk::Stored(span)) => Some(span),
+            _ => None,
         };
         let bytes = chunk_bytes(tenant, ino, &value)?;
         let under = merged
@@ -157,19 +164,28 @@ impl ChunkAt<'_> {
             }
         }
         if not_private {
-            return self.split(b);
+            return Ok(self.split(b)?.then_some(replaced));
         }
         if !overlaid.contains(&true) {
-            return Ok(false);
+            return Ok(None);
         }
         for (nth, _) in overlaid.iter().enumerate().filter(|(_, o)| **o) {
             b.delete(Family::Extents, &extent_key(ino, first + nth as u64));
         }
         let key = chunk_key(ino, first);
-        match private_extent(&merged) {
-            Some(v) => b.put(Family::Extents, &key, v),
-            None => b.delete(Family::Extents, &key),
-        }
-        Ok(true)
+        let Some(private) = private_extent(&merged) else {
+            b.delete(Family::Extents, &key);
+            return Ok(Some(replaced));
+        };
+        // Into an extent file, as bulk writes go, and into the cache: the chunk and the blocks
+        // over it were just read (they are what the file's readers read), and an inline value
+        // would be copied by a flush into a blob file, read from disk again after it (a new
+        // cache key), and again after each blob collection that moves it.
+        let stored = &merged[..private.len().next_multiple_of(EXTENT_ALIGN)];
+        let db = tenant.db();
+        let span = db.write_extents(stored, stored.len())?[0];
+        db.extent_files().keep_cached(&span, stored);
+        b.put(Family::Extents, &key, &stored_chunk(span));
+        Ok(Some(replaced))
     }
 }
