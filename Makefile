@@ -7,8 +7,11 @@ CARGO ?= cargo
 SHELL := /bin/bash
 # clang/libclang-dev: bindgen for librocksdb-sys; fuse3: FUSE mounts; fio: benchmarks;
 # util-linux/mount: losetup, fincore, setpriv, fstrim; e2fsprogs: mkfs.ext4/fsck for
-# block-device-style volumes; git, python3: used by the mount integration tests.
-DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux mount e2fsprogs git python3
+# block-device-style volumes; git, python3: used by the mount integration tests;
+# qemu-system-x86, busybox-static, cpio, xz-utils: the VM harness (tests/vm/vm.sh), which
+# also fetches Debian's cloud kernel package into its cache on first use.
+DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux mount e2fsprogs git python3 \
+	qemu-system-x86 busybox-static cpio xz-utils
 
 .PHONY: all deps build demo test lint bench asan install clean
 
@@ -45,6 +48,8 @@ test: deps
 	@p=/sys/module/fuse/parameters/enable_uring; if [ -e $$p ] && [ "$$(cat $$p)" != Y ]; then \
 	  echo "enabling FUSE over io_uring: echo Y > $$p"; echo Y > $$p || sudo sh -c "echo Y > $$p"; fi
 	@$(FUSE_PAGES)
+	@# The VM tests' kernel (ublk, nbd, cgroup v2): downloaded once, kept in /var/tmp.
+	@bash tests/vm/vm.sh prepare
 	@# (tee opens its file before cargo makes the target dir: a fresh machine has none yet.)
 	@mkdir -p $(CARGO_TARGET_DIR)
 	@set -o pipefail; $(CARGO) test --release --lib --bins --tests 2>&1 | tee $(CARGO_TARGET_DIR)/test.log

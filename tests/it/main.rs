@@ -23,4 +23,5 @@ mod mount_helper;
 mod pressure_live;
 mod store_ffi;
 mod systemd_units;
+mod vm;
 mod volume_model;
