@@ -27,6 +27,11 @@ kernel_package() {
 
 prepare() {
   mkdir -p "$DIR"
+  # One preparer at a time (tests boot VMs in parallel); the others wait, then find it done.
+  ( flock 9 && prepare_locked ) 9>"$DIR/.lock"
+}
+
+prepare_locked() {
   if [ -s "$DIR/vmlinuz" ] && [ -s "$DIR/busybox" ] && [ -d "$DIR/modules" ]; then
     return 0
   fi
