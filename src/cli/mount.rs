@@ -94,9 +94,11 @@ fn mount_foreground(
     let notify = std::env::var_os(READY_ENV).is_some();
     tenantfs::daemon::run_one_mount(data, &config, tenant, mountpoint, options, || {
         if notify {
+            // The parent stops reading at "ready": further output goes to the tenant's log,
+            // stderr first, since a request may come (and log) as soon as the parent returns.
+            stderr_to(&log);
             println!("ready");
-            // The parent stops reading now: send further output to the tenant's log.
-            detach_stdio(&log);
+            stdout_to_null();
         } else {
             eprintln!(
                 "serving tenant {tenant} at {} (Ctrl-C or `tenantfs umount` to stop)",
@@ -107,13 +109,21 @@ fn mount_foreground(
     Ok(())
 }
 
-fn detach_stdio(log: &Path) {
+/// Sends stderr (the logs) to `log`, appended.
+fn stderr_to(log: &Path) {
     use std::os::fd::AsRawFd;
-    let null = std::fs::File::options().write(true).open("/dev/null");
-    let log = std::fs::File::options().create(true).append(true).open(log);
-    if let (Ok(null), Ok(log)) = (null, log) {
-        let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
+    if let Ok(log) = std::fs::File::options().create(true).append(true).open(log) {
         let _ = nix::unistd::dup2(log.as_raw_fd(), 2);
+    }
+}
+
+/// Sends stdout to /dev/null (its reader, the parent, has gone).
+fn stdout_to_null() {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    let _ = std::io::stdout().flush();
+    if let Ok(null) = std::fs::File::options().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2(null.as_raw_fd(), 1);
     }
 }
 
