@@ -424,9 +424,10 @@ impl ExtentFiles {
         self.read_spans(spans, true, f)
     }
 
-    /// Caches `bytes`, just handed to [`Self::append`] as `span`, as a read of the span would:
-    /// for bytes that were read a moment ago and will be again (a fold's merged chunk), so
-    /// that rewriting them costs their readers no disk read.
+    /// Caches `bytes` as the bytes of `span`: what a read of the span does, and what a writer
+    /// does for bytes it just handed to [`Self::append`] that were read a moment ago and will
+    /// be again (a fold's merged chunk), so that rewriting them costs their readers no disk
+    /// read.
     pub(crate) fn keep_cached(&self, span: &ExtentSpan, bytes: &[u8]) {
         if bytes.len() == span.len as usize {
             self.cache
@@ -523,8 +524,7 @@ impl ExtentFiles {
                     return Err(self.corrupt(s.file, detail));
                 }
                 if keep {
-                    self.cache
-                        .insert_raw(&self.cache_key(s.file, s.offset), bytes);
+                    self.keep_cached(&s, bytes);
                 }
                 f(i, bytes);
             }

@@ -364,6 +364,14 @@ mod tests {
         (ino, model)
     }
 
+    /// `store`'s volume, its folds held back for an hour: they run when a test says so.
+    fn open_with_folds_held(store: &TestStore) -> Volume {
+        let vol = store.open();
+        vol.folds
+            .set_quiet(Duration::from_secs(3600), Duration::from_secs(3600));
+        vol
+    }
+
     /// (chunk keys, chunk keys with a block key over them, block keys) of the volume.
     fn overlaid_chunks(vol: &Volume) -> (usize, usize, usize) {
         let mut chunks = Vec::new();
@@ -464,9 +472,7 @@ mod tests {
     #[test]
     fn a_block_write_goes_over_its_chunk_until_the_fold() {
         let store = TestStore::new();
-        let vol = store.open();
-        vol.folds
-            .set_quiet(Duration::from_secs(3600), Duration::from_secs(3600));
+        let vol = open_with_folds_held(&store);
         let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
         let (ino, mut model) = noise_file(&vol, &mut rng, b"g", 2 * CHUNK);
         for at in [BS, 5 * BS, CHUNK + 2 * BS] {
@@ -511,9 +517,7 @@ mod tests {
     #[test]
     fn a_fold_writes_its_chunk_to_an_extent_file_and_caches_it_in_place_of_the_old() {
         let store = TestStore::new();
-        let vol = store.open();
-        vol.folds
-            .set_quiet(Duration::from_secs(3600), Duration::from_secs(3600));
+        let vol = open_with_folds_held(&store);
         let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
         // Written whole and large enough to be bulk data: its chunks are in an extent file.
         let (ino, mut model) = noise_file(&vol, &mut rng, b"e", 8 * CHUNK);
@@ -554,9 +558,7 @@ mod tests {
     #[test]
     fn only_a_chunk_that_exists_is_queued() {
         let store = TestStore::new();
-        let vol = store.open();
-        vol.folds
-            .set_quiet(Duration::from_secs(3600), Duration::from_secs(3600));
+        let vol = open_with_folds_held(&store);
         let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
         let owner = Owner { uid: 0, gid: 0 };
         let ino = vol
