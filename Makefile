@@ -9,9 +9,10 @@ SHELL := /bin/bash
 # util-linux/mount: losetup, fincore, setpriv, fstrim; e2fsprogs: mkfs.ext4/fsck for
 # block-device-style volumes; git, python3: used by the mount integration tests;
 # qemu-system-x86, busybox-static, cpio, xz-utils: the VM harness (tests/vm/vm.sh), which
-# also fetches Debian's cloud kernel package into its cache on first use.
+# also fetches Debian's cloud kernel package into its cache on first use; qemu-utils
+# (qemu-img, qemu-io), libnbd-bin (nbdinfo, nbdcopy): NBD clients of the block volume tests.
 DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux mount e2fsprogs git python3 \
-	qemu-system-x86 busybox-static cpio xz-utils
+	qemu-system-x86 busybox-static cpio xz-utils qemu-utils libnbd-bin
 
 .PHONY: all deps build demo test lint bench asan install clean
 
@@ -73,6 +74,7 @@ bench: build
 	$(CARGO) run --release --example bench_pack_io
 	$(CARGO) run --release --example bench_base
 	$(CARGO) run --release --example bench_idle_mounts
+	$(CARGO) run --release --example bench_nbd
 	$(CARGO) run --release --example bench_interference
 	$(CARGO) run --release --example bench_tree
 	$(CARGO) run --release --example bench_space

@@ -19,8 +19,6 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use serde_json::Value;
-
 /// One fio result: IOPS, MiB/s, p50 and p99 completion latency in microseconds.
 #[derive(Clone, Copy, Default)]
 struct Result {
@@ -40,8 +38,8 @@ const JOBS: [&str; 6] = [
 ];
 
 fn fio(file: &Path, name: &str, args: &[&str], seconds: u32) -> Result {
-    let out = Command::new("fio")
-        .arg(format!("--name={name}"))
+    let mut cmd = Command::new("fio");
+    cmd.arg(format!("--name={name}"))
         .arg(format!("--filename={}", file.display()))
         .args([
             "--size=1G",
@@ -55,22 +53,8 @@ fn fio(file: &Path, name: &str, args: &[&str], seconds: u32) -> Result {
         } else {
             vec![]
         })
-        .args(args)
-        .output()
-        .expect("fio runs");
-    assert!(
-        out.status.success(),
-        "fio {name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    let json: Value = serde_json::from_str(&text[text.find('{').unwrap_or(0)..]).unwrap();
-    let job = &json["jobs"][0];
-    let side = if job["write"]["io_bytes"].as_u64().unwrap_or(0) > 0 {
-        &job["write"]
-    } else {
-        &job["read"]
-    };
+        .args(args);
+    let side = common::fio_side(&mut cmd, name);
     let pct = |p: &str| side["clat_ns"]["percentile"][p].as_f64().unwrap_or(0.0) / 1e3;
     Result {
         iops: side["iops"].as_f64().unwrap(),

@@ -14,16 +14,18 @@ use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
 use crate::base::BaseBlockReader;
+use crate::blockdev::BlockDevice;
 use crate::cache::{process_rss_bytes, HostCache};
 use crate::config::{Config, PressureConfig, StoreConfig};
 use crate::control::replies::{
     CacheReleaseReply, CacheReport, MountReply, MountReport, ServedTenant, StatsReply,
-    TenantListReply, UmountReply,
+    TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply, VolumeReport,
 };
 use crate::control::{Refusal, RefusalCode, Reply, Request};
 use crate::data_dir::DataDir;
 use crate::fuse::{MountError, MountOptions, Session};
 use crate::metrics::{self, HostNumbers, MountMetrics};
+use crate::nbd::{NbdAddress, NbdExport};
 use crate::pressure::{Governor, GovernorConfig};
 use crate::store::StoreHost;
 use crate::tenants::{self, TenantError};
@@ -82,6 +84,9 @@ pub fn store_host(store: &StoreConfig, cache: Option<&HostCache>) -> StoreHost {
 /// The sessions by mountpoint, shared with the metrics collector.
 type Sessions = Arc<Mutex<BTreeMap<PathBuf, Arc<Session>>>>;
 
+/// The attached block volumes by name, shared with the metrics collector.
+type Exports = Arc<Mutex<BTreeMap<String, NbdExport>>>;
+
 /// Locks `m`, going on past a poisoned lock (a panic while serving one request fails that
 /// request only; the tables it guards stay usable).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -101,10 +106,13 @@ pub struct ServingHost {
     stores: StoreHost,
     role: Role,
     sessions: Sessions,
+    exports: Exports,
     /// The metrics of this process: one collector over the sessions, cache and governor.
     registry: Registry,
     /// Mountpoints with a mount in progress (the tenant being opened, outside `sessions`' lock).
     mounting: Mutex<BTreeSet<PathBuf>>,
+    /// Volumes with an attach in progress.
+    attaching: Mutex<BTreeSet<String>>,
 }
 
 impl ServingHost {
@@ -119,9 +127,11 @@ impl ServingHost {
         };
         let stores = store_host(&config.store, Some(&cache));
         let sessions = Sessions::default();
+        let exports = Exports::default();
         let mut registry = Registry::default();
         registry.register_collector(Box::new(HostCollector {
             sessions: sessions.clone(),
+            exports: exports.clone(),
             cache: cache.clone(),
             governor: governor.clone(),
         }));
@@ -132,8 +142,10 @@ impl ServingHost {
             stores,
             role,
             sessions,
+            exports,
             registry,
             mounting: Mutex::default(),
+            attaching: Mutex::default(),
         })
     }
 
@@ -279,8 +291,106 @@ impl ServingHost {
         })
     }
 
+    /// Serves block volume `volume` over NBD at `nbd` (daemon only).
+    pub fn attach_volume(&self, volume: &str, nbd: &str) -> Result<VolumeAttachReply, Refusal> {
+        if self.role != Role::Daemon {
+            return Err(Refusal::new(
+                RefusalCode::DaemonOnly,
+                "block volumes are attached by the daemon (start it with `tenantfs daemon`)",
+            ));
+        }
+        let failed = |e: String| Refusal::new(RefusalCode::AttachFailed, e);
+        let address = NbdAddress::parse(nbd).map_err(|e| failed(e.to_string()))?;
+        if let NbdAddress::Unix(p) = &address {
+            if p.is_relative() {
+                return Err(failed(format!(
+                    "unix socket path {} is relative: the daemon needs an absolute path",
+                    p.display()
+                )));
+            }
+        }
+        {
+            let exports = lock(&self.exports);
+            if let Some(e) = exports.get(volume) {
+                return Err(Refusal::new(
+                    RefusalCode::AlreadyAttached,
+                    format!(
+                        "volume {volume} is attached already, at {}; detach it first \
+                         (`tenantfs volume detach {volume}`)",
+                        e.address()
+                    ),
+                ));
+            }
+            if !lock(&self.attaching).insert(volume.to_owned()) {
+                return Err(Refusal::new(
+                    RefusalCode::AlreadyAttached,
+                    format!("volume {volume} is being attached right now"),
+                ));
+            }
+        }
+        // The volume opens outside the exports' lock (it may wait for an exiting holder).
+        let started = self
+            .open_volume(volume)
+            .map_err(|e| e.to_string())
+            .and_then(|v| BlockDevice::new(v).map_err(|e| e.to_string()))
+            .and_then(|d| {
+                NbdExport::start(Arc::new(d), &address)
+                    .map_err(|e| format!("cannot attach volume {volume}: {e}"))
+            });
+        lock(&self.attaching).remove(volume);
+        let export = started.map_err(failed)?;
+        let reply = VolumeAttachReply {
+            volume: volume.to_owned(),
+            address: export.address().to_string(),
+            uri: export.address().uri(),
+            size_bytes: export.device().size(),
+            pid: std::process::id(),
+        };
+        lock(&self.exports).insert(volume.to_owned(), export);
+        Ok(reply)
+    }
+
+    /// Stops serving block volume `volume`: requests in flight are answered, connections
+    /// closed, the store synced and closed.
+    pub fn detach_volume(&self, volume: &str) -> Result<VolumeDetachReply, Refusal> {
+        let Some(mut export) = lock(&self.exports).remove(volume) else {
+            return Err(Refusal::new(
+                RefusalCode::NotAttached,
+                format!("volume {volume} is not attached here (`tenantfs volume list` shows where volumes are)"),
+            ));
+        };
+        let closed = export.stop();
+        // The device (and with it the store) closes when the last connection lets it go.
+        drop(export);
+        crate::cache::malloc::give_back_free_heap();
+        Ok(VolumeDetachReply {
+            volume: volume.to_owned(),
+            connections_closed: closed as u64,
+        })
+    }
+
+    /// The attached volumes with their activity.
+    fn volume_reports(&self) -> Vec<VolumeReport> {
+        lock(&self.exports)
+            .iter()
+            .map(|(name, e)| VolumeReport {
+                volume: name.clone(),
+                address: e.address().to_string(),
+                uri: e.address().uri(),
+                size_bytes: e.device().size(),
+                connections: e.connections() as u64,
+                activity: e.device().metrics().summary(),
+                store: Some(e.device().volume().tenant().db().state()),
+            })
+            .collect()
+    }
+
     /// Unmounts everything (busy mounts are detached), waiting for every store to close.
     pub fn shutdown(&self) {
+        let exports = std::mem::take(&mut *lock(&self.exports));
+        for (_, mut e) in exports {
+            e.stop();
+        }
         let mut sessions = lock(&self.sessions);
         for (path, s) in sessions.iter() {
             if let Err(e) = s.unmount() {
@@ -302,6 +412,13 @@ impl ServingHost {
             .collect();
         for v in served {
             v.tenant().db().try_resume();
+        }
+        let devices: Vec<Arc<BlockDevice>> = lock(&self.exports)
+            .values()
+            .map(|e| e.device().clone())
+            .collect();
+        for d in devices {
+            d.volume().tenant().db().try_resume();
         }
     }
 
@@ -368,6 +485,7 @@ impl ServingHost {
         StatsReply {
             pid: std::process::id(),
             mounts: self.mount_reports(),
+            volumes: self.volume_reports(),
             waiting_mounts: Vec::new(),
             cache: self.cache_report(),
             log_lines_dropped: crate::logging::dropped_lines(),
@@ -406,6 +524,10 @@ impl ServingHost {
             Request::Umount { mountpoint } => Reply::Umount(self.umount(Path::new(&mountpoint))?),
             Request::Stats => Reply::Stats(self.stats()),
             Request::TenantList => Reply::TenantList(self.tenant_list()),
+            Request::VolumeAttach { volume, nbd } => {
+                Reply::VolumeAttach(self.attach_volume(&volume, &nbd)?)
+            }
+            Request::VolumeDetach { volume } => Reply::VolumeDetach(self.detach_volume(&volume)?),
         })
     }
 
@@ -419,6 +541,7 @@ impl ServingHost {
 /// Reads the host's numbers at each scrape.
 struct HostCollector {
     sessions: Sessions,
+    exports: Exports,
     cache: Arc<HostCache>,
     governor: Option<Arc<Governor>>,
 }
@@ -436,9 +559,19 @@ impl Collector for HostCollector {
             .filter(|s| !s.is_finished())
             .cloned()
             .collect();
+        let devices: Vec<Arc<BlockDevice>> = lock(&self.exports)
+            .values()
+            .map(|e| e.device().clone())
+            .collect();
         let mounts: Vec<(&str, &MountMetrics)> =
             sessions.iter().map(|s| (s.tenant(), s.metrics())).collect();
-        metrics::encode_mounts(&mut encoder, &mounts)?;
+        // An attached volume's series are a tenant's like a mount's (`tenant` = its name).
+        let served: Vec<(&str, &MountMetrics)> = mounts
+            .iter()
+            .copied()
+            .chain(devices.iter().map(|d| (d.name(), &**d.metrics())))
+            .collect();
+        metrics::encode_mounts(&mut encoder, &served)?;
         let c = self.cache.stats();
         let g = self
             .governor

@@ -10,6 +10,7 @@
 #![deny(unsafe_op_in_unsafe_fn, clippy::undocumented_unsafe_blocks)]
 
 pub mod base;
+pub mod blockdev;
 pub mod cache;
 pub mod config;
 pub mod control;
@@ -21,6 +22,7 @@ pub mod fuse;
 pub mod host;
 pub mod logging;
 pub mod metrics;
+pub mod nbd;
 pub mod pressure;
 pub mod process;
 pub mod store;

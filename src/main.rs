@@ -10,7 +10,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
-use cli::{BaseCommand, CacheCommand, Cli, Command, ConfigCommand, TenantCommand};
+use cli::{BaseCommand, CacheCommand, Cli, Command, ConfigCommand, TenantCommand, VolumeCommand};
 
 fn main() -> ExitCode {
     tenantfs::logging::init("warn");
@@ -75,6 +75,18 @@ fn run(cli: Cli) -> Result<()> {
         Command::Base(BaseCommand::Verify) => cli::base::verify(&cli),
         Command::Base(BaseCommand::Delete { name }) => cli::base::delete(&cli, name),
         Command::Base(BaseCommand::Gc) => cli::base::gc(&cli),
+        Command::Volume(VolumeCommand::Create { name, size, base }) => {
+            cli::volume::create(&cli, name, *size, base.as_deref())
+        }
+        Command::Volume(VolumeCommand::List { json }) => cli::volume::list(&cli, *json),
+        Command::Volume(VolumeCommand::Resize { name, size, shrink }) => {
+            cli::volume::resize(&cli, name, *size, *shrink)
+        }
+        Command::Volume(VolumeCommand::Delete { name }) => cli::volume::delete(&cli, name),
+        Command::Volume(VolumeCommand::Attach { name, nbd, ublk }) => {
+            cli::volume::attach(&cli, name, nbd.as_deref(), *ublk)
+        }
+        Command::Volume(VolumeCommand::Detach { name }) => cli::volume::detach(&cli, name),
     }
 }
 

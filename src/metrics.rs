@@ -35,10 +35,12 @@ pub enum Op {
     Create,
     Unlink,
     Fsync,
+    /// A block device's TRIM or WRITE_ZEROES (holes punched).
+    Discard,
 }
 
 impl Op {
-    pub const ALL: [Op; 7] = [
+    pub const ALL: [Op; 8] = [
         Op::Read,
         Op::Write,
         Op::Lookup,
@@ -46,6 +48,7 @@ impl Op {
         Op::Create,
         Op::Unlink,
         Op::Fsync,
+        Op::Discard,
     ];
 
     pub fn name(self) -> &'static str {
@@ -57,6 +60,7 @@ impl Op {
             Op::Create => "create",
             Op::Unlink => "unlink",
             Op::Fsync => "fsync",
+            Op::Discard => "discard",
         }
     }
 }
@@ -101,7 +105,7 @@ pub struct MountActivity {
 /// The counters of one mount.
 #[derive(Debug, Default)]
 pub struct MountMetrics {
-    ops: [OpCounters; 7],
+    ops: [OpCounters; 8],
     read_bytes: AtomicU64,
     written_bytes: AtomicU64,
     /// Requests answered over FUSE's io_uring (the rest came over /dev/fuse).

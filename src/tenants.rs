@@ -1,7 +1,8 @@
 //! The tenant registry: one directory per tenant under `<data-dir>/tenants/`.
 //!
 //! ```text
-//! tenants/<name>/tenant.json   name, format version, block size, creation time, wrapped key
+//! tenants/<name>/tenant.json   name, format version, block size, creation time, wrapped key,
+//!                              base, device size (block volumes)
 //! tenants/<name>/tenant.lock   flock held while the tenant's store is open
 //! tenants/<name>/db/           the tenant's encrypted RocksDB
 //! ```
@@ -99,6 +100,10 @@ pub struct TenantInfo {
     pub disk_bytes: u64,
     /// The base image the tenant was created from, if any.
     pub base: Option<String>,
+    /// A block volume's device size (its store holds one device, `blockdev`); `None` for a
+    /// filesystem tenant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_size: Option<u64>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -112,6 +117,33 @@ struct TenantRecord {
     wrapped_key: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     base: Option<String>,
+    /// Set for a block volume: the size of its device.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    device_size: Option<u64>,
+}
+
+impl TenantRecord {
+    fn info(self, disk_bytes: u64) -> TenantInfo {
+        TenantInfo {
+            name: self.name,
+            block_size: self.block_size,
+            created_unix: self.created_unix,
+            disk_bytes,
+            base: self.base,
+            device_size: self.device_size,
+        }
+    }
+}
+
+/// What a new tenant is: how its data is cut, where its tree comes from, what it holds.
+#[derive(Clone, Debug, Default)]
+pub struct NewTenant<'a> {
+    /// Block size (default [`DEFAULT_BLOCK_SIZE`]).
+    pub block_size: Option<u64>,
+    /// The base image its tree comes from (the caller grafts it: see `base::create_tenant`).
+    pub base: Option<&'a str>,
+    /// A block volume's device size (the caller creates the device: see `blockdev`).
+    pub device_size: Option<u64>,
 }
 
 /// Checks a tenant name: safe as a path component and in logs.
@@ -161,20 +193,22 @@ pub fn create(
     name: &str,
     block_size: Option<u64>,
 ) -> Result<TenantInfo, TenantError> {
-    create_from(data, host, name, block_size, None)
+    let new = NewTenant {
+        block_size,
+        ..NewTenant::default()
+    };
+    create_as(data, host, name, &new)
 }
 
-/// Creates a tenant as `create` does, recording that its tree comes from base image `base`
-/// (the caller grafts the tree in: see `base::create_tenant`).
-pub fn create_from(
+/// Creates a tenant as `create` does, with what `new` records about it.
+pub fn create_as(
     data: &DataDir,
     host: &StoreHost,
     name: &str,
-    block_size: Option<u64>,
-    base: Option<&str>,
+    new: &NewTenant,
 ) -> Result<TenantInfo, TenantError> {
     validate_name(name)?;
-    let block_size = validate_block_size(block_size.unwrap_or(DEFAULT_BLOCK_SIZE as u64))?;
+    let block_size = validate_block_size(new.block_size.unwrap_or(DEFAULT_BLOCK_SIZE as u64))?;
     let root = data.tenants_dir();
     let dir = root.join(name);
     if dir.exists() {
@@ -193,7 +227,8 @@ pub fn create_from(
                 .map(|d| d.as_secs())
                 .unwrap_or(0),
             wrapped_key: hex::encode(data.master_key().wrap_tenant_key(name, &key)?),
-            base: base.map(str::to_owned),
+            base: new.base.map(str::to_owned),
+            device_size: new.device_size,
         };
         let json = serde_json::to_vec_pretty(&record).expect("record serialises");
         let record_path = staging.join(RECORD);
@@ -217,13 +252,7 @@ pub fn create_from(
             }
         })?;
         sync_dir(&root).map_err(io_err(&root))?;
-        Ok(TenantInfo {
-            name: name.to_owned(),
-            block_size,
-            created_unix: record.created_unix,
-            disk_bytes: tree_bytes(&dir),
-            base: record.base.clone(),
-        })
+        Ok(record.info(tree_bytes(&dir)))
     })();
     if result.is_err() {
         let _ = fs::remove_dir_all(&staging);
@@ -286,13 +315,7 @@ pub fn list(root: &Path) -> Result<Vec<TenantInfo>, TenantError> {
             continue; // staging or deleting directories, stray files
         }
         let record = read_record(&entry.path(), &name)?;
-        out.push(TenantInfo {
-            name,
-            block_size: record.block_size,
-            created_unix: record.created_unix,
-            disk_bytes: tree_bytes(&entry.path()),
-            base: record.base,
-        });
+        out.push(record.info(tree_bytes(&entry.path())));
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
@@ -333,16 +356,23 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, Tena
         OpenMode::Existing,
     )?;
     Ok(Tenant {
-        info: TenantInfo {
-            name: name.to_owned(),
-            block_size: record.block_size,
-            created_unix: record.created_unix,
-            disk_bytes: tree_bytes(&dir),
-            base: record.base,
-        },
+        info: record.info(tree_bytes(&dir)),
         db,
         _lock: lock,
     })
+}
+
+/// Records a block volume's new device size. The caller holds the tenant open (`tenant`), so
+/// no other process serves it meanwhile; the record is replaced atomically (`tenant`'s info
+/// keeps the size it was opened with).
+pub fn set_device_size(data: &DataDir, tenant: &Tenant, size: u64) -> Result<(), TenantError> {
+    let name = tenant.info.name.clone();
+    let dir = tenant_dir(data.root(), &name)?;
+    let mut record = read_record(&dir, &name)?;
+    record.device_size = Some(size);
+    let json = serde_json::to_vec_pretty(&record).expect("record serialises");
+    let path = dir.join(RECORD);
+    write_atomic(&path, &json, 0o600).map_err(io_err(&path))
 }
 
 /// How long [`open_when_free`] waits for an exiting process to release a tenant (a server

@@ -127,6 +127,27 @@ pub fn tenantfs_bin() -> PathBuf {
     bin
 }
 
+/// Runs a fio job with `--output-format=json` given; panics with fio's stderr when it
+/// fails. The job's numbers for the direction it moved data in (its "write" side if it
+/// wrote, else "read").
+pub fn fio_side(cmd: &mut std::process::Command, name: &str) -> serde_json::Value {
+    let out = cmd.output().expect("fio runs");
+    assert!(
+        out.status.success(),
+        "fio {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(&text[text.find('{').unwrap_or(0)..]).unwrap();
+    let job = &json["jobs"][0];
+    if job["write"]["io_bytes"].as_u64().unwrap_or(0) > 0 {
+        job["write"].clone()
+    } else {
+        job["read"].clone()
+    }
+}
+
 /// The median of `v` (the mean of the middle two for an even count; NaN when empty).
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));

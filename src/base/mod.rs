@@ -20,8 +20,8 @@ pub use pack::Pack;
 pub use pack::{PackIo, PreadIo};
 pub use reader::{BaseBlockReader, PackReader};
 pub use store::{
-    BaseInfo, BaseList, BaseRecord, BaseState, BaseStore, GcReport, HostTotals, Progress,
-    VerifyReport,
+    BaseInfo, BaseList, BaseRecord, BaseState, BaseStore, GcReport, HostTotals, ImageDevice,
+    Progress, VerifyReport,
 };
 pub use tree::{EntryKind, SourceKind, TreeEntry};
 pub use uring::UringIo;
@@ -76,6 +76,16 @@ pub enum BaseError {
         tenants.join(", ")
     )]
     InUse { base: String, tenants: Vec<String> },
+    #[error(
+        "base {0} is a directory tree, not a raw disk image: a block volume starts from an \
+         image (`tenantfs base import NAME IMAGE-FILE`)"
+    )]
+    NotAnImage(String),
+    #[error(
+        "base {base} is a {image}-byte image: a volume from it needs --size of at least that \
+         (or none: the image's size)"
+    )]
+    SmallerThanImage { base: String, image: u64, size: u64 },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]

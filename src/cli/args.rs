@@ -71,6 +71,52 @@ pub enum Command {
     /// Inspect and steer the host cache of the process serving the mounts.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Block volumes: create, list, resize, delete; attach over NBD through the daemon.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+}
+
+#[derive(Subcommand)]
+pub enum VolumeCommand {
+    /// Create block volume NAME: an encrypted tenant store holding one device of SIZE bytes.
+    Create {
+        name: String,
+        /// Device size in whole 512-byte sectors (e.g. 20G). With --base, at least the
+        /// image's size (default: the image's size).
+        #[arg(long)]
+        size: Option<ByteSize>,
+        /// Start from raw image base BASE (`base import`): its blocks shared, copy on write.
+        #[arg(long)]
+        base: Option<String>,
+    },
+    /// List block volumes with their size and where they are attached.
+    List {
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set volume NAME's size to SIZE (detached; shrinking needs --shrink).
+    Resize {
+        name: String,
+        size: ByteSize,
+        /// Allow a smaller size: the data past it is dropped.
+        #[arg(long)]
+        shrink: bool,
+    },
+    /// Delete volume NAME and its data (detached).
+    Delete { name: String },
+    /// Serve volume NAME through the daemon: over NBD at ADDR (unix:PATH or a loopback
+    /// HOST:PORT; port 0 picks a free one).
+    Attach {
+        name: String,
+        #[arg(long, value_name = "ADDR")]
+        nbd: Option<String>,
+        /// As /dev/ublkbN (not served by this version yet).
+        #[arg(long, conflicts_with = "nbd")]
+        ublk: bool,
+    },
+    /// Stop serving volume NAME (its clients are disconnected, its store synced and closed).
+    Detach { name: String },
 }
 
 #[derive(Subcommand)]

@@ -7,8 +7,11 @@ pub mod cache;
 pub mod mount;
 pub mod stats;
 pub mod tenant;
+pub mod volume;
 
-pub use args::{BaseCommand, CacheCommand, Cli, Command, ConfigCommand, TenantCommand};
+pub use args::{
+    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, TenantCommand, VolumeCommand,
+};
 
 use std::path::PathBuf;
 

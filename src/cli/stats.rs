@@ -1,8 +1,9 @@
-//! `tenantfs stats`: the daemon's mounts (operations, bytes, latency, store state) and host
+//! `tenantfs stats`: the daemon's mounts and attached volumes (operations, bytes, latency, store state) and host
 //! numbers.
 
 use anyhow::Result;
 use tenantfs::control::replies::MountReport;
+use tenantfs::metrics::MountActivity;
 use tenantfs::store::StoreState;
 
 use super::{daemon_error, print_json, Cli};
@@ -26,9 +27,10 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
     }
     let c = &v.cache;
     println!(
-        "daemon pid {}: {} mounts; cache budget {} MiB, used {} MiB, resident {} MiB; RSS {} MiB; hits {}, misses {}",
+        "daemon pid {}: {} mounts, {} volumes; cache budget {} MiB, used {} MiB, resident {} MiB; RSS {} MiB; hits {}, misses {}",
         v.pid,
         v.mounts.len(),
+        v.volumes.len(),
         mib(c.cache.budget_bytes),
         mib(c.cache.used_bytes),
         mib(c.cache.resident_bytes),
@@ -39,7 +41,7 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
     println!(
         "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>6}",
         "TENANT",
-        "MOUNTPOINT",
+        "MOUNTPOINT / VOLUME AT",
         "READS",
         "READ MiB",
         "WRITES",
@@ -49,27 +51,12 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
         "STATE"
     );
     for m in &v.mounts {
-        let op = |o: &str| m.activity.ops.get(o).copied().unwrap_or_default();
-        let lat = |o: &str| {
-            let s = op(o);
-            if s.calls == 0 {
-                "-".to_string()
-            } else {
-                format!("<{}/<{} us", s.p50_us_le, s.p99_us_le)
-            }
-        };
-        println!(
-            "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>6}",
-            m.tenant,
-            m.mountpoint.display(),
-            op("read").calls,
-            mib(m.activity.read_bytes),
-            op("write").calls,
-            mib(m.activity.written_bytes),
-            lat("read"),
-            lat("write"),
-            m.store.as_ref().map_or("-", StoreState::label)
-        );
+        let place = m.mountpoint.display().to_string();
+        row(&m.tenant, &place, &m.activity, m.store.as_ref());
+    }
+    for d in &v.volumes {
+        let place = format!("nbd {} ({} clients)", d.address, d.connections);
+        row(&d.volume, &place, &d.activity, d.store.as_ref());
     }
     for w in &v.waiting_mounts {
         println!(
@@ -87,6 +74,31 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One served tenant's line: a mount at its mountpoint, or a volume at its address.
+fn row(tenant: &str, place: &str, activity: &MountActivity, store: Option<&StoreState>) {
+    let op = |o: &str| activity.ops.get(o).copied().unwrap_or_default();
+    let lat = |o: &str| {
+        let s = op(o);
+        if s.calls == 0 {
+            "-".to_string()
+        } else {
+            format!("<{}/<{} us", s.p50_us_le, s.p99_us_le)
+        }
+    };
+    println!(
+        "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>6}",
+        tenant,
+        place,
+        op("read").calls,
+        mib(activity.read_bytes),
+        op("write").calls,
+        mib(activity.written_bytes),
+        lat("read"),
+        lat("write"),
+        store.map_or("-", StoreState::label)
+    );
 }
 
 /// Why a tenant does not take writes, and when it will again.

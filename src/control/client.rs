@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::protocol::{Refusal, Reply, Request, Response};
 use super::replies::{
     CacheReleaseReply, CacheReport, MountReply, StatsReply, TenantListReply, UmountReply,
+    VolumeAttachReply, VolumeDetachReply,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +100,25 @@ impl Client {
 
     pub fn tenant_list(&self) -> Result<TenantListReply, ControlError> {
         call!(self, Request::TenantList, TenantList)
+    }
+
+    pub fn volume_attach(
+        &self,
+        volume: &str,
+        nbd: &str,
+    ) -> Result<VolumeAttachReply, ControlError> {
+        let req = Request::VolumeAttach {
+            volume: volume.to_owned(),
+            nbd: nbd.to_owned(),
+        };
+        call!(self, req, VolumeAttach)
+    }
+
+    pub fn volume_detach(&self, volume: &str) -> Result<VolumeDetachReply, ControlError> {
+        let req = Request::VolumeDetach {
+            volume: volume.to_owned(),
+        };
+        call!(self, req, VolumeDetach)
     }
 
     fn unexpected(&self, req: &Request, reply: &Reply) -> ControlError {

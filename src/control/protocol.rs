@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::replies::{
     CacheReleaseReply, CacheReport, MountReply, StatsReply, TenantListReply, UmountReply,
+    VolumeAttachReply, VolumeDetachReply,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,6 +34,11 @@ pub enum Request {
     Stats,
     /// The tenants this process serves, each with its mountpoints.
     TenantList,
+    /// Serve block volume `volume` over NBD at `nbd` (`unix:PATH` absolute, or a loopback
+    /// `HOST:PORT`; daemon only).
+    VolumeAttach { volume: String, nbd: String },
+    /// Stop serving block volume `volume` (its store is synced and closed).
+    VolumeDetach { volume: String },
 }
 
 /// The answer to one request: `cache_stats` and `cache_budget` both answer [`Reply::Cache`].
@@ -45,6 +51,8 @@ pub enum Reply {
     Umount(UmountReply),
     Stats(StatsReply),
     TenantList(TenantListReply),
+    VolumeAttach(VolumeAttachReply),
+    VolumeDetach(VolumeDetachReply),
 }
 
 /// Why a request was not carried out. Callers decide on `code`; `message` is for people.
@@ -80,6 +88,12 @@ pub enum RefusalCode {
     Busy,
     /// The unmount failed for another reason.
     UnmountFailed,
+    /// The volume could not be opened or served (the message says why).
+    AttachFailed,
+    /// The volume is attached already.
+    AlreadyAttached,
+    /// This process does not serve that volume.
+    NotAttached,
     /// A code from a newer server.
     #[serde(other)]
     Unknown,

@@ -49,6 +49,40 @@ pub struct UmountReply {
     pub tenant: String,
 }
 
+/// `volume_attach`: where the volume is served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeAttachReply {
+    pub volume: String,
+    /// `unix:PATH` or `HOST:PORT` (a port asked for as 0 resolved).
+    pub address: String,
+    /// The same as an NBD URI (for `nbdinfo`, `nbdcopy`, `qemu-img`).
+    pub uri: String,
+    pub size_bytes: u64,
+    pub pid: u32,
+}
+
+/// `volume_detach`: the connections that were closed (the store is synced and closed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeDetachReply {
+    pub volume: String,
+    pub connections_closed: u64,
+}
+
+/// One attached block volume in [`StatsReply`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeReport {
+    pub volume: String,
+    pub address: String,
+    pub uri: String,
+    pub size_bytes: u64,
+    pub connections: u64,
+    #[serde(flatten)]
+    pub activity: MountActivity,
+    /// The store's state (`None` if it closed meanwhile).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<StoreState>,
+}
+
 /// One served mount in [`StatsReply`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MountReport {
@@ -79,6 +113,9 @@ pub struct WaitingMountReport {
 pub struct StatsReply {
     pub pid: u32,
     pub mounts: Vec<MountReport>,
+    /// Attached block volumes (absent in a reply from an older server).
+    #[serde(default)]
+    pub volumes: Vec<VolumeReport>,
     pub waiting_mounts: Vec<WaitingMountReport>,
     pub cache: CacheReport,
     pub log_lines_dropped: u64,
@@ -181,11 +218,20 @@ mod tests {
                 MountReport {
                     tenant: "b".into(),
                     mountpoint: "/m/b".into(),
-                    activity,
+                    activity: activity.clone(),
                     store: None,
                     direct_io: None,
                 },
             ],
+            volumes: vec![VolumeReport {
+                volume: "v".into(),
+                address: "unix:/run/v.sock".into(),
+                uri: "nbd+unix:///?socket=/run/v.sock".into(),
+                size_bytes: 1 << 30,
+                connections: 2,
+                activity,
+                store: Some(StoreState::Writable),
+            }],
             waiting_mounts: vec![WaitingMountReport {
                 tenant: "c".into(),
                 mountpoint: "/m/c".into(),
@@ -200,6 +246,19 @@ mod tests {
         assert_eq!(v["mounts"][0]["ops"]["read"]["p99_us_le"], 64);
         assert_eq!(v["mounts"][0]["store"]["state"], "no_space");
         assert!(v["mounts"][1].get("store").is_none());
+        assert_eq!(v["volumes"][0]["ops"]["read"]["calls"], 4);
+        assert_eq!(v["volumes"][0]["connections"], 2);
+        round_trip(Reply::VolumeAttach(VolumeAttachReply {
+            volume: "v".into(),
+            address: "127.0.0.1:10809".into(),
+            uri: "nbd://127.0.0.1:10809/".into(),
+            size_bytes: 512,
+            pid: 1,
+        }));
+        round_trip(Reply::VolumeDetach(VolumeDetachReply {
+            volume: "v".into(),
+            connections_closed: 1,
+        }));
         round_trip(Reply::TenantList(TenantListReply {
             tenants: vec![ServedTenant {
                 name: "a".into(),

@@ -9,6 +9,7 @@ mod base_daemon_cache;
 mod base_shared_cache;
 mod base_store;
 mod base_tenants;
+mod block_volumes;
 mod cache_control;
 mod cache_memory;
 mod cli;

@@ -59,6 +59,17 @@ pub struct BaseRecord {
     pub created_unix: u64,
 }
 
+/// How a raw image becomes a block volume's device ([`BaseStore::create_volume`]).
+#[derive(Clone, Copy, Debug)]
+pub struct ImageDevice<'a> {
+    /// The name of the device's file in the volume's store.
+    pub file: &'a [u8],
+    /// The device's size: at least the image's; if `None`, the image's size rounded up to a
+    /// multiple of `granule`.
+    pub size: Option<u64>,
+    pub granule: u64,
+}
+
 /// One base in `base list`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BaseInfo {
@@ -441,13 +452,58 @@ impl BaseStore {
         base: &str,
     ) -> Result<crate::tenants::TenantInfo, BaseError> {
         let (record, nodes) = self.graft_nodes(base)?;
-        let info = crate::tenants::create_from(
-            data,
-            host,
-            tenant,
-            Some(record.block_size as u64),
-            Some(base),
-        )?;
+        self.create_grafted(data, host, tenant, &record, None, nodes)
+    }
+
+    /// Creates block volume `tenant` from ready base `base`, a raw image: the image becomes
+    /// the volume's device as `device` says, copy on write as any tenant from a base.
+    pub fn create_volume(
+        &self,
+        data: &DataDir,
+        host: &StoreHost,
+        tenant: &str,
+        base: &str,
+        device: &ImageDevice,
+    ) -> Result<crate::tenants::TenantInfo, BaseError> {
+        let (record, mut nodes) = self.graft_nodes(base)?;
+        if record.kind != SourceKind::Image {
+            return Err(BaseError::NotAnImage(base.to_owned()));
+        }
+        let image = nodes
+            .iter_mut()
+            .find(|n| n.kind == crate::volume::FileKind::File)
+            .ok_or_else(|| BaseError::Corrupt(format!("raw image base {base} has no file")))?;
+        let size = device
+            .size
+            .unwrap_or(image.size.next_multiple_of(device.granule));
+        if size < image.size {
+            return Err(BaseError::SmallerThanImage {
+                base: base.to_owned(),
+                image: image.size,
+                size,
+            });
+        }
+        image.path = device.file.to_vec();
+        image.size = size;
+        self.create_grafted(data, host, tenant, &record, Some(size), nodes)
+    }
+
+    fn create_grafted(
+        &self,
+        data: &DataDir,
+        host: &StoreHost,
+        tenant: &str,
+        record: &BaseRecord,
+        device_size: Option<u64>,
+        nodes: Vec<crate::volume::GraftNode>,
+    ) -> Result<crate::tenants::TenantInfo, BaseError> {
+        let base = record.name.as_str();
+        let new = crate::tenants::NewTenant {
+            block_size: Some(record.block_size as u64),
+            base: Some(base),
+            device_size,
+        };
+        let info = crate::tenants::create_as(data, host, tenant, &new)?;
         let grafted = (|| -> Result<u64, BaseError> {
             let volume = crate::volume::Volume::open(crate::tenants::open(data, host, tenant)?)?;
             Ok(volume.graft(base, nodes)?)

@@ -1,0 +1,393 @@
+//! Block volumes through the real binary: `volume create|list|resize|delete` and their
+//! refusals; volumes attached over NBD through the daemon and driven by real clients
+//! (`nbdcopy`, `nbdinfo`, `qemu-io`, `qemu-img`, fio's nbd engine); a raw NBD client for what
+//! those tools never send (`nbd_wire`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::common::guards::Daemon;
+use crate::common::mount::{start_daemon, Host};
+use crate::common::noise;
+use crate::common::process::{check, cmd, output};
+
+mod nbd_wire;
+
+/// `volume list --json`, by name.
+fn listed(h: &Host, name: &str) -> Option<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_str(&h.ok(&["volume", "list", "--json"])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == name)
+        .cloned()
+}
+
+fn daemon(h: &Host) -> Daemon {
+    start_daemon(h, &h.root().join("notify"))
+}
+
+/// Attaches `volume` at `addr`; the reply's NBD URI.
+fn attach(h: &Host, volume: &str, addr: &str) -> String {
+    let out = h.ok(&["volume", "attach", volume, "--nbd", addr]);
+    out.rsplit_once('[')
+        .and_then(|(_, u)| u.trim().strip_suffix(']'))
+        .unwrap_or_else(|| panic!("no URI in {out:?}"))
+        .to_owned()
+}
+
+fn qemu_io(target: &str, commands: &[&str]) -> String {
+    let mut c = cmd("qemu-io", &["-f", "raw"]);
+    for command in commands {
+        c.args(["-c", command]);
+    }
+    c.arg(target);
+    let out = output(&mut c);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    // qemu-io reports a failed command (a pattern that does not match, an I/O error, a bad
+    // option) and still exits 0.
+    assert!(
+        out.status.success()
+            && stderr.trim().is_empty()
+            && !stdout.contains("failed")
+            && !stdout.contains("Pattern verification"),
+        "qemu-io {commands:?}: {stdout}\n{stderr}"
+    );
+    stdout.into_owned()
+}
+
+#[test]
+fn volumes_are_created_listed_resized_and_deleted_and_bad_requests_say_what_to_do() {
+    let h = Host::new("vol-cli");
+    let out = h.ok(&["volume", "create", "v", "--size", "64M"]);
+    assert!(out.contains("created volume v (64M"), "{out}");
+    let v = listed(&h, "v").expect("v is listed");
+    assert_eq!(v["device_size"], 64 << 20, "{v}");
+    // A volume is a tenant (keys, store, delete), listed as one too.
+    assert!(h.ok(&["tenant", "list"]).contains('v'));
+    h.create_tenant("fs");
+    assert!(
+        listed(&h, "fs").is_none(),
+        "a filesystem tenant is no volume"
+    );
+
+    let e = h.fails(&["volume", "create", "w"]);
+    assert!(e.contains("needs a size"), "{e}");
+    let e = h.fails(&["volume", "create", "w", "--size", "1000"]);
+    assert!(e.contains("512-byte sectors"), "{e}");
+    let e = h.fails(&["volume", "create", "v", "--size", "1M"]);
+    assert!(e.contains("already exists"), "{e}");
+    let e = h.fails(&["volume", "create", "w", "--size", "1M", "--base", "nope"]);
+    assert!(e.contains("no base named nope"), "{e}");
+    assert!(listed(&h, "w").is_none(), "a failed create leaves nothing");
+
+    let e = h.fails(&["volume", "resize", "v", "32M"]);
+    assert!(e.contains("--shrink"), "{e}");
+    assert_eq!(listed(&h, "v").unwrap()["device_size"], 64 << 20);
+    assert!(h
+        .ok(&["volume", "resize", "v", "128M"])
+        .contains("64M -> 128M"));
+    assert!(h
+        .ok(&["volume", "resize", "v", "32M", "--shrink"])
+        .contains("128M -> 32M"));
+    assert_eq!(listed(&h, "v").unwrap()["device_size"], 32 << 20);
+    let e = h.fails(&["volume", "resize", "fs", "1G"]);
+    assert!(e.contains("not a block volume"), "{e}");
+
+    let e = h.fails(&["volume", "attach", "v", "--nbd", "unix:/tmp/x.sock"]);
+    assert!(
+        e.contains("no daemon answers") && e.contains("tenantfs daemon"),
+        "{e}"
+    );
+    let e = h.fails(&["volume", "attach", "v", "--nbd", "0.0.0.0:10809"]);
+    assert!(e.contains("not a loopback address"), "{e}");
+    let e = h.fails(&["volume", "attach", "v", "--ublk"]);
+    assert!(e.contains("NBD only"), "{e}");
+
+    let e = h.fails(&["volume", "delete", "fs"]);
+    assert!(e.contains("not a block volume"), "{e}");
+    let e = h.fails(&["volume", "delete", "nope"]);
+    assert!(e.contains("unknown tenant nope"), "{e}");
+    h.ok(&["volume", "delete", "v"]);
+    assert!(listed(&h, "v").is_none());
+}
+
+#[test]
+fn an_nbd_export_serves_nbdcopy_qemu_io_and_fio_and_keeps_its_data_across_attaches() {
+    let h = Host::new("vol-nbd");
+    h.ok(&["volume", "create", "v", "--size", "256M"]);
+    h.ok(&["volume", "create", "t", "--size", "64M"]);
+    let mut d = daemon(&h);
+    let sock = h.root().join("v.sock");
+    let uri = attach(&h, "v", &format!("unix:{}", sock.display()));
+    assert_eq!(uri, format!("nbd+unix:///?socket={}", sock.display()));
+    let e = h.fails(&["volume", "attach", "v", "--nbd", "127.0.0.1:0"]);
+    assert!(e.contains("attached already"), "{e}");
+    let info: serde_json::Value =
+        serde_json::from_str(&check(&mut cmd("nbdinfo", &["--json", &uri]))).unwrap();
+    assert_eq!(info["exports"][0]["export-size"], 256u64 << 20, "{info}");
+    assert_eq!(info["exports"][0]["can_flush"], true, "{info}");
+    assert_eq!(info["exports"][0]["can_trim"], true, "{info}");
+    assert_eq!(info["exports"][0]["can_multi_conn"], true, "{info}");
+
+    // A random 256 MiB image, written and read back by nbdcopy (several connections).
+    let img = h.root().join("img");
+    let back = h.root().join("back");
+    std::fs::write(&img, noise(7, 256 << 20)).unwrap();
+    check(&mut cmd(
+        "nbdcopy",
+        &["--flush", img.to_str().unwrap(), &uri],
+    ));
+    check(&mut cmd("nbdcopy", &[&uri, back.to_str().unwrap()]));
+    assert!(same_file(&img, &back), "256 MiB read back differs");
+
+    // Small writes, FUA, discard (reads as zeros), write zeroes, past-the-end refusals.
+    let q = format!("nbd:unix:{}", sock.display());
+    qemu_io(
+        &q,
+        &[
+            "write -P 0xab 4096 8192",
+            "write -f -P 0xcd 1M 64k",
+            "read -P 0xab 4096 8192",
+            "read -P 0xcd 1M 64k",
+            "discard 1M 64k",
+            "read -P 0 1M 64k",
+            "write -z 8M 1M",
+            "read -P 0 8M 1M",
+            "flush",
+        ],
+    );
+    // fio through its nbd engine, verifying what it wrote.
+    let fio = check(&mut cmd(
+        "fio",
+        &[
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--size=32M",
+            "--offset=64M",
+            "--iodepth=8",
+            "--verify=crc32c",
+            "--do_verify=1",
+            "--verify_state_save=0",
+            "--output-format=json",
+        ],
+    ));
+    let fio: serde_json::Value = serde_json::from_str(&fio[fio.find('{').unwrap()..]).unwrap();
+    assert_eq!(fio["jobs"][0]["error"], 0, "{fio}");
+
+    // Per-volume activity in `stats`, and the volume in `volume list` with its address.
+    let st: serde_json::Value = serde_json::from_str(&h.ok(&["stats", "--json"])).unwrap();
+    let vol = &st["volumes"][0];
+    assert_eq!(vol["volume"], "v", "{st}");
+    assert!(
+        vol["ops"]["write"]["calls"].as_u64().unwrap() >= 8192,
+        "{st}"
+    );
+    assert!(vol["written_bytes"].as_u64().unwrap() >= 256 << 20, "{st}");
+    assert!(
+        vol["ops"]["discard"]["calls"].as_u64().unwrap() >= 2,
+        "{st}"
+    );
+    assert!(h.ok(&["stats"]).contains("nbd unix:"), "stats table");
+    assert_eq!(
+        listed(&h, "v").unwrap()["attached"]["address"],
+        format!("unix:{}", sock.display())
+    );
+
+    // A second volume over loopback TCP on a port the daemon picks.
+    let tcp = attach(&h, "t", "127.0.0.1:0");
+    assert!(
+        tcp.starts_with("nbd://127.0.0.1:") && !tcp.contains(":0/"),
+        "{tcp}"
+    );
+    let t_img = h.root().join("t.img");
+    std::fs::write(&t_img, noise(9, 64 << 20)).unwrap();
+    check(&mut cmd(
+        "nbdcopy",
+        &["--flush", t_img.to_str().unwrap(), &tcp],
+    ));
+
+    // Detach both (store synced and closed), attach again: the same bytes.
+    assert!(h
+        .ok(&["volume", "detach", "v"])
+        .contains("detached volume v"));
+    assert!(!sock.exists(), "the socket file is removed at detach");
+    let e = h.fails(&["volume", "detach", "v"]);
+    assert!(e.contains("not attached"), "{e}");
+    h.ok(&["volume", "detach", "t"]);
+    let uri = attach(&h, "v", &format!("unix:{}", sock.display()));
+    check(&mut cmd("nbdcopy", &[&uri, back.to_str().unwrap()]));
+    let mut want = std::fs::read(&img).unwrap();
+    want[4096..4096 + 8192].fill(0xab);
+    want[1 << 20..(1 << 20) + (64 << 10)].fill(0);
+    want[8 << 20..9 << 20].fill(0);
+    let got = std::fs::read(&back).unwrap();
+    // fio's region holds its own verified pattern; compare the rest.
+    let fio_at = 64usize << 20;
+    assert!(
+        got[..fio_at] == want[..fio_at]
+            && got[fio_at + (32 << 20)..] == want[fio_at + (32 << 20)..],
+        "the volume differs after detach and attach"
+    );
+    let tcp = attach(&h, "t", "127.0.0.1:0");
+    let t_back = h.root().join("t.back");
+    check(&mut cmd("nbdcopy", &[&tcp, t_back.to_str().unwrap()]));
+    assert!(
+        same_file(&t_img, &t_back),
+        "volume t differs after detach and attach"
+    );
+    // SIGTERM detaches both and exits 0.
+    d.terminate_cleanly(&[]);
+    assert!(!sock.exists());
+}
+
+#[test]
+fn qemu_img_converts_a_volume_from_an_imported_base_image_and_writes_are_copy_on_write() {
+    let h = Host::new("vol-base");
+    // A raw image: data, a hole, data; an odd size (rounded up to whole sectors).
+    let img = h.root().join("disk.raw");
+    let mut bytes = noise(3, 24 << 20);
+    bytes[8 << 20..16 << 20].fill(0);
+    bytes.truncate((24 << 20) - 100);
+    std::fs::write(&img, &bytes).unwrap();
+    h.ok(&["base", "import", "disk", img.to_str().unwrap()]);
+    let out = h.ok(&["volume", "create", "a", "--base", "disk"]);
+    assert!(out.contains("from base disk"), "{out}");
+    assert_eq!(listed(&h, "a").unwrap()["device_size"], 24 << 20);
+    let e = h.fails(&["volume", "create", "b", "--base", "disk", "--size", "8M"]);
+    assert!(e.contains("at least that"), "{e}");
+    h.ok(&["volume", "create", "b", "--base", "disk", "--size", "32M"]);
+    let tree = h.dir("tree");
+    std::fs::write(tree.join("f"), b"x").unwrap();
+    h.ok(&["base", "import", "tree", tree.to_str().unwrap()]);
+    let e = h.fails(&["volume", "create", "c", "--base", "tree"]);
+    assert!(e.contains("not a raw disk image"), "{e}");
+
+    let _d = daemon(&h);
+    let (sa, sb) = (h.root().join("a.sock"), h.root().join("b.sock"));
+    attach(&h, "a", &format!("unix:{}", sa.display()));
+    attach(&h, "b", &format!("unix:{}", sb.display()));
+    let qa = format!("nbd:unix:{}", sa.display());
+    let qb = format!("nbd:unix:{}", sb.display());
+    let out = h.root().join("a.raw");
+    convert(&qa, &out);
+    let mut want = bytes.clone();
+    want.resize(24 << 20, 0);
+    assert!(
+        std::fs::read(&out).unwrap() == want,
+        "qemu-img convert differs from the image"
+    );
+    // Writes to b are b's alone: a and the base are unchanged.
+    qemu_io(
+        &qb,
+        &["write -P 0x11 0 4M", "write -P 0x22 30M 1M", "flush"],
+    );
+    qemu_io(
+        &qb,
+        &[
+            "read -P 0x11 0 4M",
+            "read -P 0x22 30M 1M",
+            "read -P 0 24M 6M",
+        ],
+    );
+    convert(&qa, &out);
+    assert!(
+        std::fs::read(&out).unwrap() == want,
+        "a changed by b's writes"
+    );
+    // qemu-img writes an image into a volume (convert -n: into the existing target).
+    let src = h.root().join("src.raw");
+    std::fs::write(&src, noise(5, 16 << 20)).unwrap();
+    check(&mut cmd(
+        "qemu-img",
+        &[
+            "convert",
+            "-n",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            src.to_str().unwrap(),
+            &qb,
+        ],
+    ));
+    let back = h.root().join("b.raw");
+    convert(&qb, &back);
+    let b = std::fs::read(&back).unwrap();
+    assert!(
+        b[..16 << 20] == std::fs::read(&src).unwrap()[..],
+        "qemu-img's write differs"
+    );
+    assert!(
+        b[16 << 20..24 << 20] == want[16 << 20..24 << 20],
+        "the base under b's writes"
+    );
+}
+
+#[test]
+fn a_client_cut_off_mid_write_or_a_daemon_killed_loses_no_flushed_byte() {
+    let h = Host::new("vol-cut");
+    h.ok(&["volume", "create", "v", "--size", "512M"]);
+    let sock = h.root().join("v.sock");
+    let q = format!("nbd:unix:{}", sock.display());
+    let mut d = daemon(&h);
+    attach(&h, "v", &format!("unix:{}", sock.display()));
+    qemu_io(
+        &q,
+        &["write -P 0x5a 0 64M", "write -P 0x6b 480M 4k", "flush"],
+    );
+    // A client killed in the middle of a 384 MiB write.
+    let mut writer = writing(&q, "write -P 0x77 64M 384M");
+    let _ = writer.kill();
+    let _ = writer.wait();
+    qemu_io(&q, &["read -P 0x5a 0 64M", "read -P 0x6b 480M 4k"]);
+    // The daemon killed with unflushed writes in flight: after a restart, the flushed bytes.
+    qemu_io(&q, &["write -P 0x3c 200M 1M", "flush"]);
+    let mut writer = writing(&q, "write -P 0x44 256M 192M");
+    let _ = d.0.kill();
+    let _ = d.0.wait();
+    let _ = writer.wait();
+    let _d = daemon(&h);
+    attach(&h, "v", &format!("unix:{}", sock.display()));
+    qemu_io(
+        &q,
+        &[
+            "read -P 0x5a 0 64M",
+            "read -P 0x6b 480M 4k",
+            "read -P 0x3c 200M 1M",
+        ],
+    );
+}
+
+/// `qemu-img convert` of raw `from` (a file or an NBD target) into a new raw file `to`.
+fn convert(from: &str, to: &Path) {
+    let to = to.to_str().unwrap();
+    check(&mut cmd(
+        "qemu-img",
+        &["convert", "-f", "raw", "-O", "raw", from, to],
+    ));
+}
+
+/// A qemu-io process 0.3 s into `write` (asserted still running).
+fn writing(target: &str, write: &str) -> std::process::Child {
+    let mut writer = cmd("qemu-io", &["-f", "raw", "-c", write, target])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        writer.try_wait().unwrap().is_none(),
+        "the write ended before the kill"
+    );
+    writer
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    std::fs::read(a).unwrap() == std::fs::read(b).unwrap()
+}
