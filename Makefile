@@ -10,9 +10,10 @@ SHELL := /bin/bash
 # block-device-style volumes; git, python3: used by the mount integration tests;
 # qemu-system-x86, busybox-static, cpio, xz-utils: the VM harness (tests/vm/vm.sh), which
 # also fetches Debian's cloud kernel package into its cache on first use; qemu-utils
-# (qemu-img, qemu-io), libnbd-bin (nbdinfo, nbdcopy): NBD clients of the block volume tests.
+# (qemu-img, qemu-io), libnbd-bin (nbdinfo, nbdcopy), nbd-client (run in the VM): NBD
+# clients of the block volume tests.
 DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux mount e2fsprogs git python3 \
-	qemu-system-x86 busybox-static cpio xz-utils qemu-utils libnbd-bin
+	qemu-system-x86 busybox-static cpio xz-utils qemu-utils libnbd-bin nbd-client
 
 .PHONY: all deps build demo test lint bench asan install clean
 

@@ -42,6 +42,23 @@ pub fn run_in_vm(script: &str, programs: &[&str], disk: Option<&Path>) -> (bool,
     (out.status.success(), console)
 }
 
+/// A sparse raw image of `bytes` with an empty ext4 in it, made on the host (the VM's data
+/// disk: `run_in_vm(.., Some(&image))`).
+pub fn ext4_image(dir: &Path, bytes: u64) -> std::path::PathBuf {
+    let disk = dir.join("data.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(bytes)
+        .unwrap();
+    let mkfs = Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&disk)
+        .output()
+        .unwrap();
+    assert!(mkfs.status.success(), "{mkfs:?}");
+    disk
+}
+
 /// The VM has the block drivers as loaded modules, cgroup v2 with the memory controller, PSI
 /// and FUSE, and runs the `tenantfs` binary built for this host.
 #[test]
@@ -95,17 +112,7 @@ fn reported(console: &str, prefix: &str, key: &str) -> u64 {
 #[test]
 fn the_governor_shrinks_the_cache_under_a_cgroup_v2_memory_cap() {
     let dir = tempfile::tempdir().unwrap();
-    let disk = dir.path().join("data.img");
-    std::fs::File::create(&disk)
-        .unwrap()
-        .set_len(2 << 30)
-        .unwrap();
-    let mkfs = Command::new("mkfs.ext4")
-        .args(["-q", "-F"])
-        .arg(&disk)
-        .output()
-        .unwrap();
-    assert!(mkfs.status.success(), "{mkfs:?}");
+    let disk = ext4_image(dir.path(), 2 << 30);
     let script = r#"
 mkdir -p /mnt/d /tmp/mp
 mount /dev/vda /mnt/d

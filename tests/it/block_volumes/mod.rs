@@ -11,6 +11,7 @@ use crate::common::mount::{start_daemon, Host};
 use crate::common::noise;
 use crate::common::process::{check, cmd, output};
 
+mod kernel_nbd;
 mod nbd_wire;
 
 /// `volume list --json`, by name.
