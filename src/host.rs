@@ -13,7 +13,6 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::DescriptorEncoder;
 use prometheus_client::registry::Registry;
 
-use crate::base::BaseBlockReader;
 use crate::blockdev::BlockDevice;
 use crate::cache::{process_rss_bytes, HostCache};
 use crate::config::{Config, PressureConfig, StoreConfig};
@@ -153,19 +152,13 @@ impl ServingHost {
     /// held by a process that is exiting, waits for it (`tenants::open_when_free`).
     pub fn open_volume(&self, tenant: &str) -> Result<Volume, HostError> {
         let opened = tenants::open_when_free(&self.data, &self.stores, tenant)?;
-        let from_base = opened.info().base.is_some();
-        let mut volume = Volume::open(opened).map_err(|source| HostError::Volume {
-            tenant: tenant.to_owned(),
-            source,
-        })?;
-        if from_base {
-            // Base blocks are read from the host's packs through the host block cache.
-            volume = volume.with_base(Arc::new(BaseBlockReader::new(
-                &self.data,
-                Some(self.cache.clone()),
-            )));
-        }
-        Ok(volume)
+        // Base blocks are read from the host's packs through the host block cache.
+        crate::base::open_volume(&self.data, opened, Some(self.cache.clone())).map_err(|source| {
+            HostError::Volume {
+                tenant: tenant.to_owned(),
+                source,
+            }
+        })
     }
 
     /// The sessions that still run (those unmounted from outside, by umount(8), are

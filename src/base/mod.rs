@@ -18,7 +18,7 @@ mod uring;
 #[doc(hidden)]
 pub use pack::Pack;
 pub use pack::{PackIo, PreadIo};
-pub use reader::{BaseBlockReader, PackReader};
+pub use reader::{open_volume, BaseBlockReader, PackReader};
 pub use store::{
     BaseInfo, BaseList, BaseRecord, BaseState, BaseStore, GcReport, HostTotals, ImageDevice,
     Progress, VerifyReport,

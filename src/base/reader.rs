@@ -252,6 +252,22 @@ pub struct BaseBlockReader {
     batch: Option<UringIo>,
 }
 
+/// Opens `tenant`'s volume; a tenant created from a base reads the base's blocks from the
+/// host's packs, through `cache` when one is given (a serving host's).
+pub fn open_volume(
+    data: &DataDir,
+    tenant: crate::tenants::Tenant,
+    cache: Option<Arc<HostCache>>,
+) -> Result<crate::volume::Volume, crate::volume::VolumeError> {
+    let from_base = tenant.info().base.is_some();
+    let volume = crate::volume::Volume::open(tenant)?;
+    Ok(if from_base {
+        volume.with_base(Arc::new(BaseBlockReader::new(data, cache)))
+    } else {
+        volume
+    })
+}
+
 impl BaseBlockReader {
     pub fn new(data: &DataDir, cache: Option<Arc<HostCache>>) -> Self {
         let batch = match UringIo::new() {

@@ -2,10 +2,8 @@
 //! resize, delete. Each is a tenant operation with a device on top; the daemon serves them
 //! (`nbd`), these run without it and refuse a volume another process has open.
 
-use std::sync::Arc;
-
 use super::{validate_size, BlockDevError, BlockDevice, DEVICE_FILE, SECTOR};
-use crate::base::{BaseBlockReader, BaseStore, ImageDevice};
+use crate::base::{open_volume, BaseStore, ImageDevice};
 use crate::data_dir::DataDir;
 use crate::store::StoreHost;
 use crate::tenants::{self, NewTenant, TenantInfo};
@@ -86,14 +84,10 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<BlockDevice,
     if tenant.info().device_size.is_none() {
         return Err(BlockDevError::NotAVolume(name.to_owned()));
     }
-    let from_base = tenant.info().base.is_some();
-    let mut volume = Volume::open(tenant).map_err(|source| BlockDevError::Volume {
+    let volume = open_volume(data, tenant, None).map_err(|source| BlockDevError::Volume {
         name: name.to_owned(),
         source,
     })?;
-    if from_base {
-        volume = volume.with_base(Arc::new(BaseBlockReader::new(data, None)));
-    }
     BlockDevice::new(volume)
 }
 
