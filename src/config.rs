@@ -29,6 +29,21 @@ pub struct Config {
     /// `[[mount]]`: tenants the daemon mounts when it starts.
     #[serde(default, rename = "mount")]
     pub mounts: Vec<MountConfig>,
+    /// `[[volume]]`: block volumes the daemon attaches when it starts.
+    #[serde(default, rename = "volume")]
+    pub volumes: Vec<VolumeConfig>,
+}
+
+/// One `[[volume]]` entry: `nbd = "ADDR"` or `ublk = true`, one of them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeConfig {
+    pub name: String,
+    /// An NBD export's address (`unix:/absolute/path` or a loopback `HOST:PORT`).
+    pub nbd: Option<String>,
+    /// As /dev/ublkbN.
+    #[serde(default)]
+    pub ublk: bool,
 }
 
 /// `[metrics]`: the daemon's metrics endpoint (OpenMetrics text, which Prometheus scrapes).
@@ -172,6 +187,30 @@ impl Config {
                 config.pressure.interval_ms
             )));
         }
+        for v in &config.volumes {
+            match (&v.nbd, v.ublk) {
+                (Some(nbd), false) => {
+                    let problem = match crate::nbd::NbdAddress::parse(nbd) {
+                        Err(e) => Some(e.to_string()),
+                        Ok(crate::nbd::NbdAddress::Unix(p)) if p.is_relative() => {
+                            Some("a unix socket path in the config must be absolute".to_owned())
+                        }
+                        Ok(_) => None,
+                    };
+                    if let Some(e) = problem {
+                        return Err(invalid(format!("volume {}: nbd = {nbd:?}: {e}", v.name)));
+                    }
+                }
+                (None, true) => {}
+                _ => {
+                    return Err(invalid(format!(
+                        "volume {}: say how to serve it: nbd = \"unix:/PATH\" or ublk = true, \
+                         one of them",
+                        v.name
+                    )))
+                }
+            }
+        }
         Ok(config)
     }
 }
@@ -216,6 +255,23 @@ mod tests {
             Config::parse("[[mount]]\ntenant = \"a\"\n", p).is_err(),
             "mountpoint missing"
         );
+        let c = Config::parse(
+            "[[volume]]\nname = \"v\"\nublk = true\n[[volume]]\nname = \"w\"\nnbd = \"unix:/run/w.sock\"\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(c.volumes.len(), 2);
+        assert!(c.volumes[0].ublk && c.volumes[0].nbd.is_none());
+        assert_eq!(c.volumes[1].nbd.as_deref(), Some("unix:/run/w.sock"));
+        for bad in [
+            "name = \"v\"\n",
+            "name = \"v\"\nublk = true\nnbd = \"unix:/x\"\n",
+            "name = \"v\"\nnbd = \"unix:rel.sock\"\n",
+            "name = \"v\"\nnbd = \"0.0.0.0:10809\"\n",
+        ] {
+            let e = Config::parse(&format!("[[volume]]\n{bad}"), p).unwrap_err();
+            assert!(e.to_string().contains("volume v"), "{bad}: {e}");
+        }
         assert!(
             !Config::parse("[pressure]\ngovernor = false\n", p)
                 .unwrap()

@@ -27,5 +27,6 @@ pub mod pressure;
 pub mod process;
 pub mod store;
 pub mod tenants;
+pub mod ublk;
 pub mod units;
 pub mod volume;

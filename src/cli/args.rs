@@ -71,7 +71,8 @@ pub enum Command {
     /// Inspect and steer the host cache of the process serving the mounts.
     #[command(subcommand)]
     Cache(CacheCommand),
-    /// Block volumes: create, list, resize, delete; attach over NBD through the daemon.
+    /// Block volumes: create, list, resize, delete; attach as /dev/ublkbN or over NBD through
+    /// the daemon.
     #[command(subcommand)]
     Volume(VolumeCommand),
 }
@@ -105,17 +106,19 @@ pub enum VolumeCommand {
     },
     /// Delete volume NAME and its data (detached).
     Delete { name: String },
-    /// Serve volume NAME through the daemon: over NBD at ADDR (unix:PATH or a loopback
-    /// HOST:PORT; port 0 picks a free one).
+    /// Serve volume NAME through the daemon: as /dev/ublkbN (--ublk), or over NBD at ADDR
+    /// (unix:PATH or a loopback HOST:PORT; port 0 picks a free one).
     Attach {
         name: String,
         #[arg(long, value_name = "ADDR")]
         nbd: Option<String>,
-        /// As /dev/ublkbN (not served by this version yet).
+        /// As block device /dev/ublkbN (the kernel's ublk driver); it survives a daemon
+        /// restart (its I/O is held meanwhile) until `volume detach`.
         #[arg(long, conflicts_with = "nbd")]
         ublk: bool,
     },
-    /// Stop serving volume NAME (its clients are disconnected, its store synced and closed).
+    /// Stop serving volume NAME (NBD clients are disconnected, a ublk device is deleted,
+    /// refused while mounted; the store is synced and closed).
     Detach { name: String },
 }
 

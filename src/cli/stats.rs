@@ -55,7 +55,7 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
         row(&m.tenant, &place, &m.activity, m.store.as_ref());
     }
     for d in &v.volumes {
-        let place = format!("nbd {} ({} clients)", d.address, d.connections);
+        let place = super::volume::attached_at(d);
         row(&d.volume, &place, &d.activity, d.store.as_ref());
     }
     for w in &v.waiting_mounts {

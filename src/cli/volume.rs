@@ -18,7 +18,7 @@ pub fn create(cli: &Cli, name: &str, size: Option<ByteSize>, base: Option<&str>)
     let size = info.device_size.unwrap_or(0);
     println!(
         "created volume {name} ({}, block size {}{}, encrypted); serve it with `tenantfs \
-         volume attach {name} --nbd ADDR`",
+         volume attach {name} --ublk` or `--nbd ADDR`",
         ByteSize(size),
         ByteSize(info.block_size.into()),
         base.map(|b| format!(", from base {b}, copy on write"))
@@ -67,13 +67,19 @@ pub fn list(cli: &Cli, json: bool) -> Result<()> {
             ByteSize(v.info.device_size.unwrap_or(0)).to_string(),
             v.info.disk_bytes,
             v.info.base.as_deref().unwrap_or("-"),
-            v.attached.as_ref().map_or("-".to_owned(), |a| format!(
-                "{} ({} clients)",
-                a.address, a.connections
-            ))
+            v.attached.as_ref().map_or("-".to_owned(), attached_at)
         );
     }
     Ok(())
+}
+
+/// Where an attached volume is served, as `list` and `stats` show it.
+pub fn attached_at(a: &VolumeReport) -> String {
+    if a.kind == "ublk" {
+        format!("ublk {}", a.address)
+    } else {
+        format!("nbd {} ({} clients)", a.address, a.connections)
+    }
 }
 
 pub fn resize(cli: &Cli, name: &str, size: ByteSize, shrink: bool) -> Result<()> {
@@ -102,19 +108,20 @@ pub fn delete(cli: &Cli, name: &str) -> Result<()> {
 }
 
 pub fn attach(cli: &Cli, name: &str, nbd: Option<&str>, ublk: bool) -> Result<()> {
-    let Some(nbd) = nbd else {
-        if ublk {
-            anyhow::bail!(
-                "cannot attach volume {name} with --ublk: this version serves volumes over NBD \
-                 only; use --nbd unix:PATH (the kernel's nbd-client, QEMU and libnbd take it)"
-            );
-        }
-        anyhow::bail!("say how to serve volume {name}: --nbd unix:PATH or --nbd 127.0.0.1:PORT");
-    };
     // The daemon runs elsewhere: a relative socket path is made absolute here.
-    let address = NbdAddress::parse(nbd)?
-        .absolute()
-        .context("cannot resolve the socket path")?;
+    let address = match nbd {
+        Some(nbd) => Some(
+            NbdAddress::parse(nbd)?
+                .absolute()
+                .context("cannot resolve the socket path")?
+                .to_string(),
+        ),
+        None if ublk => None,
+        None => anyhow::bail!(
+            "say how to serve volume {name}: --ublk (as /dev/ublkbN), --nbd unix:PATH or --nbd \
+             127.0.0.1:PORT"
+        ),
+    };
     let Some(daemon) = cli.live_daemon() else {
         anyhow::bail!(
             "cannot attach volume {name}: no daemon answers on {}; volumes are served by the \
@@ -123,15 +130,24 @@ pub fn attach(cli: &Cli, name: &str, nbd: Option<&str>, ublk: bool) -> Result<()
         );
     };
     let r = daemon
-        .volume_attach(name, &address.to_string())
+        .volume_attach(name, address.as_deref())
         .map_err(daemon_error)?;
-    println!(
-        "attached volume {} ({}) over NBD at {}  [{}]",
-        r.volume,
-        ByteSize(r.size_bytes),
-        r.address,
-        r.uri
-    );
+    if r.kind == "ublk" {
+        println!(
+            "attached volume {} ({}) as {}",
+            r.volume,
+            ByteSize(r.size_bytes),
+            r.address
+        );
+    } else {
+        println!(
+            "attached volume {} ({}) over NBD at {}  [{}]",
+            r.volume,
+            ByteSize(r.size_bytes),
+            r.address,
+            r.uri
+        );
+    }
     Ok(())
 }
 

@@ -102,14 +102,16 @@ impl Client {
         call!(self, Request::TenantList, TenantList)
     }
 
+    /// Attaches `volume` over NBD at `nbd`, or (`None`) as a ublk device.
     pub fn volume_attach(
         &self,
         volume: &str,
-        nbd: &str,
+        nbd: Option<&str>,
     ) -> Result<VolumeAttachReply, ControlError> {
         let req = Request::VolumeAttach {
             volume: volume.to_owned(),
-            nbd: nbd.to_owned(),
+            nbd: nbd.map(str::to_owned),
+            ublk: nbd.is_none(),
         };
         call!(self, req, VolumeAttach)
     }

@@ -34,9 +34,15 @@ pub enum Request {
     Stats,
     /// The tenants this process serves, each with its mountpoints.
     TenantList,
-    /// Serve block volume `volume` over NBD at `nbd` (`unix:PATH` absolute, or a loopback
-    /// `HOST:PORT`; daemon only).
-    VolumeAttach { volume: String, nbd: String },
+    /// Serve block volume `volume` (daemon only): over NBD at `nbd` (`unix:PATH` absolute,
+    /// or a loopback `HOST:PORT`), or with `ublk` as /dev/ublkbN; one of the two.
+    VolumeAttach {
+        volume: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        nbd: Option<String>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        ublk: bool,
+    },
     /// Stop serving block volume `volume` (its store is synced and closed).
     VolumeDetach { volume: String },
 }

@@ -53,12 +53,19 @@ pub struct UmountReply {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeAttachReply {
     pub volume: String,
-    /// `unix:PATH` or `HOST:PORT` (a port asked for as 0 resolved).
+    /// `nbd` or `ublk`.
+    #[serde(default = "nbd")]
+    pub kind: String,
+    /// `unix:PATH` or `HOST:PORT` (a port asked for as 0 resolved), or /dev/ublkbN.
     pub address: String,
-    /// The same as an NBD URI (for `nbdinfo`, `nbdcopy`, `qemu-img`).
+    /// The same as an NBD URI (for `nbdinfo`, `nbdcopy`, `qemu-img`); empty for ublk.
     pub uri: String,
     pub size_bytes: u64,
     pub pid: u32,
+}
+
+fn nbd() -> String {
+    "nbd".into()
 }
 
 /// `volume_detach`: the connections that were closed (the store is synced and closed).
@@ -72,6 +79,9 @@ pub struct VolumeDetachReply {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeReport {
     pub volume: String,
+    /// `nbd` or `ublk` (replies of servers before ublk are NBD).
+    #[serde(default = "nbd")]
+    pub kind: String,
     pub address: String,
     pub uri: String,
     pub size_bytes: u64,
@@ -225,6 +235,7 @@ mod tests {
             ],
             volumes: vec![VolumeReport {
                 volume: "v".into(),
+                kind: "nbd".into(),
                 address: "unix:/run/v.sock".into(),
                 uri: "nbd+unix:///?socket=/run/v.sock".into(),
                 size_bytes: 1 << 30,
@@ -250,11 +261,17 @@ mod tests {
         assert_eq!(v["volumes"][0]["connections"], 2);
         round_trip(Reply::VolumeAttach(VolumeAttachReply {
             volume: "v".into(),
-            address: "127.0.0.1:10809".into(),
-            uri: "nbd://127.0.0.1:10809/".into(),
+            kind: "ublk".into(),
+            address: "/dev/ublkb0".into(),
+            uri: String::new(),
             size_bytes: 512,
             pid: 1,
         }));
+        // A server from before ublk sends no kind: its volumes are NBD exports.
+        let old = serde_json::json!({"volume": "v", "address": "127.0.0.1:10809",
+            "uri": "nbd://127.0.0.1:10809/", "size_bytes": 512, "pid": 1});
+        let r: VolumeAttachReply = serde_json::from_value(old).unwrap();
+        assert_eq!(r.kind, "nbd");
         round_trip(Reply::VolumeDetach(VolumeDetachReply {
             volume: "v".into(),
             connections_closed: 1,

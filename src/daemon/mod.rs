@@ -218,6 +218,9 @@ fn control_server(socket: &Path, handler: control::Handler) -> Result<Server, Da
 pub fn run(data: DataDir, config: &Config, socket: &Path) -> Result<(), DaemonError> {
     raise_open_files_limit();
     let daemon = Daemon::new(data, config)?;
+    // The ublk devices a previous daemon left (killed, or stopped with them attached), before
+    // the socket takes requests: their held I/O goes on here.
+    daemon.host.recover_block_devices();
     let handler: control::Handler = {
         let d = daemon.clone();
         Arc::new(move |req| d.handle(req))

@@ -61,7 +61,7 @@ const MULTI_GET_BLOCKS: u64 = 256;
 /// Writes this large are bulk: their whole chunks go into extent files (blocks of 64 KiB and
 /// more: the memtable without the WAL), durable at fsync, not at return. Small writes stay WAL
 /// appends, durable as soon as the WAL reaches the disk.
-const UNLOGGED_WRITE_MIN: usize = 256 << 10;
+pub(crate) const UNLOGGED_WRITE_MIN: usize = 256 << 10;
 const XATTR_SIZE_MAX: usize = 64 * 1024;
 
 /// A mounted-or-mountable tenant filesystem.

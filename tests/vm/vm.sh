@@ -1,8 +1,8 @@
 #!/bin/bash
-# The VM harness: boots Debian's cloud kernel (ublk and nbd as modules, cgroup v2, FUSE, ext4,
-# io_uring, PSI built in) under qemu's TCG with a busybox initramfs, runs one script in it and
-# exits with that script's status. For kernel features this host lacks (ublk, nbd) and for the
-# cgroup v2 memory controller (this host mounts v1).
+# The VM harness: boots Debian's cloud kernel (ublk, nbd and loop as modules, cgroup v2, FUSE,
+# ext4, io_uring, PSI built in) under qemu's TCG with a busybox initramfs, runs one script in it
+# and exits with that script's status. For kernel features this host lacks (ublk, nbd) and for
+# the cgroup v2 memory controller (this host mounts v1).
 #
 #   vm.sh prepare                 fetch the kernel and build the boot files (once; cached)
 #   vm.sh run SCRIPT [FILE...]    boot, run SCRIPT as /test.sh; each FILE (a program) is put
@@ -15,7 +15,7 @@
 set -euo pipefail
 
 DIR=${TENANTFS_VM_DIR:-/var/tmp/tenantfs-vm}
-MODULES=(virtio_blk nbd ublk_drv)
+MODULES=(virtio_blk nbd ublk_drv loop)
 
 die() { echo "vm.sh: $*" >&2; exit 2; }
 
@@ -32,7 +32,9 @@ prepare() {
 }
 
 prepare_locked() {
-  if [ -s "$DIR/vmlinuz" ] && [ -s "$DIR/busybox" ] && [ -d "$DIR/modules" ]; then
+  local have=1 m
+  for m in "${MODULES[@]}"; do [ -s "$DIR/modules/$m.ko" ] || have=0; done
+  if [ -s "$DIR/vmlinuz" ] && [ -s "$DIR/busybox" ] && [ $have = 1 ]; then
     return 0
   fi
   for tool in qemu-system-x86_64 cpio xz; do
@@ -105,7 +107,7 @@ mount -t devtmpfs dev /dev
 mount -t tmpfs tmp /tmp
 mount -t tmpfs run /run
 mount -t cgroup2 cgroup2 /sys/fs/cgroup
-for m in virtio_blk nbd ublk_drv; do insmod /lib/modules/$m.ko || echo "insmod $m failed"; done
+for m in virtio_blk nbd ublk_drv loop; do insmod /lib/modules/$m.ko || echo "insmod $m failed"; done
 echo VM-TEST-BEGIN
 sh -e /test.sh
 echo "VM-TEST-EXIT $?"

@@ -28,7 +28,12 @@ use crate::nbd::{NbdAddress, NbdExport};
 use crate::pressure::{Governor, GovernorConfig};
 use crate::store::StoreHost;
 use crate::tenants::{self, TenantError};
+use crate::ublk::UblkTarget;
 use crate::volume::{Volume, VolumeError};
+
+mod attached;
+
+pub use attached::Attached;
 
 /// What a serving process is for.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -84,7 +89,16 @@ pub fn store_host(store: &StoreConfig, cache: Option<&HostCache>) -> StoreHost {
 type Sessions = Arc<Mutex<BTreeMap<PathBuf, Arc<Session>>>>;
 
 /// The attached block volumes by name, shared with the metrics collector.
-type Exports = Arc<Mutex<BTreeMap<String, NbdExport>>>;
+type Exports = Arc<Mutex<BTreeMap<String, Attached>>>;
+
+/// How a volume is to be served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttachVia {
+    /// An NBD export at this address (`unix:PATH` or a loopback `HOST:PORT`).
+    Nbd(String),
+    /// A ublk device, /dev/ublkbN.
+    Ublk,
+}
 
 /// Locks `m`, going on past a poisoned lock (a panic while serving one request fails that
 /// request only; the tables it guards stay usable).
@@ -284,8 +298,12 @@ impl ServingHost {
         })
     }
 
-    /// Serves block volume `volume` over NBD at `nbd` (daemon only).
-    pub fn attach_volume(&self, volume: &str, nbd: &str) -> Result<VolumeAttachReply, Refusal> {
+    /// Serves block volume `volume` as `via` says (daemon only).
+    pub fn attach_volume(
+        &self,
+        volume: &str,
+        via: &AttachVia,
+    ) -> Result<VolumeAttachReply, Refusal> {
         if self.role != Role::Daemon {
             return Err(Refusal::new(
                 RefusalCode::DaemonOnly,
@@ -293,8 +311,11 @@ impl ServingHost {
             ));
         }
         let failed = |e: String| Refusal::new(RefusalCode::AttachFailed, e);
-        let address = NbdAddress::parse(nbd).map_err(|e| failed(e.to_string()))?;
-        if let NbdAddress::Unix(p) = &address {
+        let address = match via {
+            AttachVia::Nbd(nbd) => Some(NbdAddress::parse(nbd).map_err(|e| failed(e.to_string()))?),
+            AttachVia::Ublk => None,
+        };
+        if let Some(NbdAddress::Unix(p)) = &address {
             if p.is_relative() {
                 return Err(failed(format!(
                     "unix socket path {} is relative: the daemon needs an absolute path",
@@ -304,13 +325,14 @@ impl ServingHost {
         }
         {
             let exports = lock(&self.exports);
-            if let Some(e) = exports.get(volume) {
+            if let Some(a) = exports.get(volume) {
                 return Err(Refusal::new(
                     RefusalCode::AlreadyAttached,
                     format!(
-                        "volume {volume} is attached already, at {}; detach it first \
+                        "volume {volume} is attached already, as {} {}; detach it first \
                          (`tenantfs volume detach {volume}`)",
-                        e.address()
+                        a.kind(),
+                        a.address()
                     ),
                 ));
             }
@@ -322,39 +344,79 @@ impl ServingHost {
             }
         }
         // The volume opens outside the exports' lock (it may wait for an exiting holder).
-        let started = self
-            .open_volume(volume)
-            .map_err(|e| e.to_string())
-            .and_then(|v| BlockDevice::new(v).map_err(|e| e.to_string()))
-            .and_then(|d| {
-                NbdExport::start(Arc::new(d), &address)
-                    .map_err(|e| format!("cannot attach volume {volume}: {e}"))
-            });
+        let started = self.open_device(volume).and_then(|d| match &address {
+            Some(a) => NbdExport::start(d, a)
+                .map(Attached::Nbd)
+                .map_err(|e| format!("cannot attach volume {volume}: {e}")),
+            None => UblkTarget::start(d, self.data.root())
+                .map(Attached::Ublk)
+                .map_err(|e| format!("cannot attach volume {volume}: {e}")),
+        });
         lock(&self.attaching).remove(volume);
-        let export = started.map_err(failed)?;
+        let attached = started.map_err(failed)?;
         let reply = VolumeAttachReply {
             volume: volume.to_owned(),
-            address: export.address().to_string(),
-            uri: export.address().uri(),
-            size_bytes: export.device().size(),
+            kind: attached.kind().to_owned(),
+            address: attached.address(),
+            uri: attached.uri(),
+            size_bytes: attached.device().size(),
             pid: std::process::id(),
         };
-        lock(&self.exports).insert(volume.to_owned(), export);
+        lock(&self.exports).insert(volume.to_owned(), attached);
         Ok(reply)
     }
 
+    /// Opens block volume `volume`'s device.
+    fn open_device(&self, volume: &str) -> Result<Arc<BlockDevice>, String> {
+        let v = self.open_volume(volume).map_err(|e| e.to_string())?;
+        BlockDevice::new(v).map(Arc::new).map_err(|e| e.to_string())
+    }
+
+    /// Takes over the ublk devices a previous daemon of this data dir left (killed, or
+    /// stopped with them attached): their held I/O is reissued to this one. A device that
+    /// cannot be recovered is logged and left as it is (its I/O stays held; `volume attach`
+    /// or a restart tries again).
+    pub fn recover_block_devices(&self) {
+        for left in crate::ublk::leftovers(self.data.root()) {
+            let recovered = self.open_device(&left.volume).and_then(|d| {
+                UblkTarget::recover(d, self.data.root(), left.dev_id).map_err(|e| e.to_string())
+            });
+            match recovered {
+                Ok(t) => {
+                    tracing::info!(volume = %left.volume, path = %t.path(), "recovered a ublk device");
+                    lock(&self.exports).insert(left.volume, Attached::Ublk(t));
+                }
+                Err(error) => tracing::error!(
+                    volume = %left.volume,
+                    dev_id = left.dev_id,
+                    %error,
+                    "cannot recover a ublk device a previous daemon left; its I/O stays held"
+                ),
+            }
+        }
+    }
+
     /// Stops serving block volume `volume`: requests in flight are answered, connections
-    /// closed, the store synced and closed.
+    /// closed or the ublk device deleted, the store synced and closed.
     pub fn detach_volume(&self, volume: &str) -> Result<VolumeDetachReply, Refusal> {
-        let Some(mut export) = lock(&self.exports).remove(volume) else {
+        let Some(mut attached) = lock(&self.exports).remove(volume) else {
             return Err(Refusal::new(
                 RefusalCode::NotAttached,
                 format!("volume {volume} is not attached here (`tenantfs volume list` shows where volumes are)"),
             ));
         };
-        let closed = export.stop();
+        let closed = match attached.detach() {
+            Ok(n) => n,
+            Err(e) => {
+                lock(&self.exports).insert(volume.to_owned(), attached);
+                return Err(Refusal::new(
+                    RefusalCode::Busy,
+                    format!("cannot detach volume {volume}: {e}"),
+                ));
+            }
+        };
         // The device (and with it the store) closes when the last connection lets it go.
-        drop(export);
+        drop(attached);
         crate::cache::malloc::give_back_free_heap();
         Ok(VolumeDetachReply {
             volume: volume.to_owned(),
@@ -366,23 +428,15 @@ impl ServingHost {
     fn volume_reports(&self) -> Vec<VolumeReport> {
         lock(&self.exports)
             .iter()
-            .map(|(name, e)| VolumeReport {
-                volume: name.clone(),
-                address: e.address().to_string(),
-                uri: e.address().uri(),
-                size_bytes: e.device().size(),
-                connections: e.connections() as u64,
-                activity: e.device().metrics().summary(),
-                store: Some(e.device().volume().tenant().db().state()),
-            })
+            .map(|(name, a)| a.report(name))
             .collect()
     }
 
     /// Unmounts everything (busy mounts are detached), waiting for every store to close.
     pub fn shutdown(&self) {
-        let exports = std::mem::take(&mut *lock(&self.exports));
-        for (_, mut e) in exports {
-            e.stop();
+        let attached = std::mem::take(&mut *lock(&self.exports));
+        for (_, mut a) in attached {
+            a.shut_down();
         }
         let mut sessions = lock(&self.sessions);
         for (path, s) in sessions.iter() {
@@ -517,8 +571,18 @@ impl ServingHost {
             Request::Umount { mountpoint } => Reply::Umount(self.umount(Path::new(&mountpoint))?),
             Request::Stats => Reply::Stats(self.stats()),
             Request::TenantList => Reply::TenantList(self.tenant_list()),
-            Request::VolumeAttach { volume, nbd } => {
-                Reply::VolumeAttach(self.attach_volume(&volume, &nbd)?)
+            Request::VolumeAttach { volume, nbd, ublk } => {
+                let via = match (nbd, ublk) {
+                    (Some(nbd), false) => AttachVia::Nbd(nbd),
+                    (None, true) => AttachVia::Ublk,
+                    _ => {
+                        return Err(Refusal::new(
+                            RefusalCode::AttachFailed,
+                            "say how to serve the volume: an NBD address or ublk, one of them",
+                        ))
+                    }
+                };
+                Reply::VolumeAttach(self.attach_volume(&volume, &via)?)
             }
             Request::VolumeDetach { volume } => Reply::VolumeDetach(self.detach_volume(&volume)?),
         })

@@ -1,0 +1,145 @@
+//! The threads that carry out a device's requests. A queue thread drives the kernel's
+//! io_uring and must never block on the store (one slow read would stall every request of
+//! its queue), so each request goes to these workers and its answer comes back over a
+//! channel, with the queue's eventfd written to wake its ring.
+//!
+//! Suspending (a daemon shutting down with the device kept for recovery) lets the requests
+//! being carried out finish, then holds every later one unanswered: the kernel reissues
+//! those to the next server (`UBLK_F_USER_RECOVERY_REISSUE`), so no user sees an error.
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use nix::sys::eventfd::EventFd;
+
+use super::lock;
+use super::request::Request;
+use crate::blockdev::BlockDevice;
+
+/// Workers per device: enough to keep several store reads in flight at QD16 on two CPUs.
+const WORKERS: usize = 4;
+
+/// One request handed to the workers, with where its answer goes.
+pub(super) struct Job {
+    pub request: Request,
+    /// A WRITE's bytes; a READ's buffer (returned filled).
+    pub data: Vec<u8>,
+    pub reply: smol::channel::Sender<Answer>,
+    /// The requesting queue's eventfd, written once the answer is sent.
+    pub wake: Arc<EventFd>,
+}
+
+/// A request's result for the kernel, and a READ's bytes.
+pub(super) struct Answer {
+    pub result: i32,
+    pub data: Vec<u8>,
+}
+
+#[derive(Default)]
+struct Gate {
+    suspended: bool,
+    running: usize,
+}
+
+/// A device's workers.
+pub(super) struct Workers {
+    jobs: Mutex<Option<Sender<Job>>>,
+    gate: Arc<(Mutex<Gate>, Condvar)>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Workers {
+    pub fn start(device: Arc<BlockDevice>) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        let gate = Arc::new((Mutex::new(Gate::default()), Condvar::new()));
+        let mut threads = Vec::new();
+        for i in 0..WORKERS {
+            let (rx, gate, device) = (rx.clone(), gate.clone(), device.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("ublk-io-{i}"))
+                    .spawn(move || work(&device, &rx, &gate))?,
+            );
+        }
+        Ok(Self {
+            jobs: Mutex::new(Some(tx)),
+            gate,
+            threads: Mutex::new(threads),
+        })
+    }
+
+    /// Hands `job` to a worker; false once the workers are stopped.
+    pub fn submit(&self, job: Job) -> bool {
+        lock(&self.jobs)
+            .as_ref()
+            .is_some_and(|tx| tx.send(job).is_ok())
+    }
+
+    /// Waits for the requests being carried out; later ones are never answered.
+    pub fn suspend(&self) {
+        let (m, cv) = &*self.gate;
+        let mut g = lock(m);
+        g.suspended = true;
+        while g.running > 0 {
+            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Stops the workers once the queued requests are answered (the queues are down).
+    pub fn stop(&self) {
+        lock(&self.jobs).take();
+        for t in std::mem::take(&mut *lock(&self.threads)) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn work(device: &BlockDevice, jobs: &Mutex<Receiver<Job>>, gate: &(Mutex<Gate>, Condvar)) {
+    loop {
+        let Ok(job) = lock(jobs).recv() else { return };
+        {
+            let (m, cv) = gate;
+            let mut g = lock(m);
+            while g.suspended {
+                g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
+            }
+            g.running += 1;
+        }
+        let Job {
+            request,
+            mut data,
+            reply,
+            wake,
+        } = job;
+        let result = carry_out(device, request, &mut data);
+        {
+            let (m, cv) = gate;
+            lock(m).running -= 1;
+            cv.notify_all();
+        }
+        // The queue may be gone (the device stopped): then nobody waits for the answer.
+        if reply.try_send(Answer { result, data }).is_ok() {
+            let _ = wake.write(1);
+        }
+    }
+}
+
+/// Carries out one request on the device: the bytes done, or a negative errno.
+fn carry_out(device: &BlockDevice, request: Request, data: &mut Vec<u8>) -> i32 {
+    let r = match request {
+        Request::Read { offset, len } => device.read(offset, len, data),
+        Request::Write { offset, fua, .. } => device.write(offset, data, fua),
+        Request::Flush => device.flush(),
+        Request::Discard { offset, len, fua } => device.discard(offset, len, fua),
+        Request::Unsupported(_) => return request.done(),
+    };
+    match r {
+        Ok(()) => request.done(),
+        Err(e) => {
+            tracing::warn!(volume = device.name(), ?request, error = %e, "ublk request failed");
+            -e.errno()
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! Volumes as /dev/ublkbN, in the VM (this host's kernel has no ublk driver): an ext4 made,
+//! filled, checked and read back across a detach and attach; detach refused while mounted; a
+//! daemon killed with -9 in the middle of a fio verify job and started again recovers the
+//! device, and the job, which never saw the device go, completes without an error; so does
+//! one across a daemon stopped with SIGTERM and started again.
+
+use crate::common::process::BIN;
+use crate::vm::{ext4_image, run_in_vm};
+
+/// Mounts the data disk and starts a daemon (`start_daemon`, again after a kill).
+const SETUP: &str = r#"
+mkdir -p /etc && ln -sf /proc/mounts /etc/mtab
+mkdir -p /mnt/d /mnt/fs
+mount /dev/vda /mnt/d
+export TENANTFS_DATA_DIR=/mnt/d/data
+tenantfs init >/dev/null
+start_daemon() {
+  rm -f $TENANTFS_DATA_DIR/tenantfs.sock
+  TENANTFS_LOG=tenantfs=info tenantfs daemon 2>>/tmp/daemon.log &
+  DAEMON=$!
+  while [ ! -S $TENANTFS_DATA_DIR/tenantfs.sock ]; do sleep 0.1; done
+  tenantfs stats >/dev/null
+}
+"#;
+
+#[test]
+fn a_ublk_device_takes_an_ext4_that_survives_detach_and_attach() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = ext4_image(dir.path(), 2 << 30);
+    let script = SETUP.to_owned()
+        + r#"
+tenantfs volume create v --size 256M >/dev/null
+start_daemon
+tenantfs volume attach v --ublk
+test -b /dev/ublkb0
+echo "size: $(blockdev --getsize64 /dev/ublkb0)"
+sums() { (cd /mnt/fs && find . -type f | sort | xargs sha256sum); }
+mkfs.ext4 -q /dev/ublkb0
+mount /dev/ublkb0 /mnt/fs
+mkdir -p /mnt/fs/a/b /mnt/fs/c
+for i in $(seq 40); do dd if=/dev/urandom of=/mnt/fs/a/b/f$i bs=4k count=$i 2>/dev/null; done
+dd if=/dev/urandom of=/mnt/fs/c/big bs=1M count=24 2>/dev/null
+cp /bin/busybox /mnt/fs/c/
+sums > /tmp/sums
+echo "files: $(wc -l < /tmp/sums)"
+tenantfs volume detach v 2>/tmp/err && exit 1
+grep -q "in use" /tmp/err && echo "detach refused while mounted"
+sync
+fstrim -v /mnt/fs
+umount /mnt/fs
+e2fsck -fn /dev/ublkb0 && echo "e2fsck clean"
+tenantfs stats | grep -q "ublk /dev/ublkb0" && echo "stats show the device"
+tenantfs volume list | grep -q "ublk /dev/ublkb0" && echo "list shows the device"
+tenantfs volume detach v
+test ! -e /dev/ublkb0 && echo "device gone after detach"
+tenantfs volume attach v --ublk
+mount /dev/ublkb0 /mnt/fs
+sums | cmp - /tmp/sums && echo "same files after detach and attach"
+umount /mnt/fs
+tenantfs volume detach v
+"#;
+    let (ok, console) = run_in_vm(
+        &script,
+        &[BIN, "/usr/sbin/mkfs.ext4", "/usr/sbin/e2fsck"],
+        Some(&disk),
+    );
+    assert!(ok, "{console}");
+    for want in [
+        "size: 268435456",
+        "files: 42",
+        "detach refused while mounted",
+        "e2fsck clean",
+        "stats show the device",
+        "list shows the device",
+        "device gone after detach",
+        "same files after detach and attach",
+    ] {
+        assert!(console.contains(want), "no {want:?} in:\n{console}");
+    }
+    // fstrim went down to the device as DISCARDs.
+    assert!(console.contains("/mnt/fs: "), "{console}");
+}
+
+#[test]
+fn a_daemon_killed_or_stopped_during_fio_verify_recovers_the_device_and_the_job_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = ext4_image(dir.path(), 2 << 30);
+    let script = SETUP.to_owned()
+        + r#"
+tenantfs volume create v --size 128M >/dev/null
+start_daemon
+tenantfs volume attach v --ublk
+fio --name=verify --filename=/dev/ublkb0 --rw=randwrite --bs=4k --size=32M \
+    --ioengine=libaio --iodepth=16 --direct=1 --verify=crc32c --verify_fatal=1 \
+    --verify_state_save=0 --output=/tmp/fio.out &
+FIO=$!
+sleep 2
+kill -0 $FIO && echo "fio running at the kill"
+kill -9 $DAEMON
+sleep 1
+start_daemon
+grep -q "recovered a ublk device" /tmp/daemon.log && echo "daemon recovered the device"
+wait $FIO && echo "fio passed"
+cat /tmp/fio.out
+grep -q "err= 0" /tmp/fio.out && echo "no fio errors"
+# A daemon stopped (SIGTERM) with the device attached keeps it for the next one too.
+fio --name=seq --filename=/dev/ublkb0 --rw=write --bs=64k --size=48M --ioengine=libaio \
+    --iodepth=4 --direct=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
+    --output=/tmp/fio2.out &
+FIO=$!
+sleep 2
+kill -0 $FIO && echo "fio running at the stop"
+kill $DAEMON
+while kill -0 $DAEMON 2>/dev/null; do sleep 0.1; done
+grep -q "kept for recovery" /tmp/daemon.log && echo "the stopping daemon kept the device"
+start_daemon
+wait $FIO && grep -q "err= 0" /tmp/fio2.out && echo "second fio passed"
+tenantfs stats | grep -q "ublk /dev/ublkb0" && echo "stats show the device"
+tenantfs volume detach v
+"#;
+    let (ok, console) = run_in_vm(&script, &[BIN, "/usr/bin/fio"], Some(&disk));
+    assert!(ok, "{console}");
+    for want in [
+        "fio running at the kill",
+        "daemon recovered the device",
+        "fio passed",
+        "no fio errors",
+        "fio running at the stop",
+        "the stopping daemon kept the device",
+        "second fio passed",
+        "stats show the device",
+    ] {
+        assert!(console.contains(want), "no {want:?} in:\n{console}");
+    }
+}
