@@ -76,6 +76,7 @@ bench: build
 	$(CARGO) run --release --example bench_base
 	$(CARGO) run --release --example bench_idle_mounts
 	$(CARGO) run --release --example bench_nbd
+	$(CARGO) run --release --example bench_vm_block
 	$(CARGO) run --release --example bench_interference
 	$(CARGO) run --release --example bench_tree
 	$(CARGO) run --release --example bench_space

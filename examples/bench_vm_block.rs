@@ -5,7 +5,8 @@
 //! TCG emulates every instruction, so absolute numbers mean nothing: the ratios to FUSE+loop,
 //! measured minutes apart on the same emulated machine, are the result.
 //!
-//! Jobs (fio, libaio, O_DIRECT, SECONDS each over a 256 MiB region written once first):
+//! Jobs (fio, libaio, O_DIRECT, SECONDS each over a 256 MiB region written once first, the
+//! store then synced and left to settle):
 //!   4k randread QD1 | 4k randwrite QD1 | 4k randread QD16 | 1M seq read QD4 | 1M seq write QD4
 //!
 //! usage: cargo build --release --bins --examples && cargo run --release --example
@@ -46,9 +47,14 @@ tenantfs volume create v --size 512M >/dev/null
 tenantfs daemon 2>/tmp/daemon.log &
 while [ ! -S $TENANTFS_DATA_DIR/tenantfs.sock ]; do sleep 0.1; done
 suite() {{
-  fio --name=layout --filename=$1 --size=256M --ioengine=libaio --direct=1 --rw=write \
-      --bs=1M --iodepth=4 --output=/dev/null
 {jobs}}}
+# The region is written once (through ublk), the store synced and left to settle: every way
+# then reads and writes the same settled data.
+tenantfs volume attach v --ublk
+fio --name=layout --filename=/dev/ublkb0 --size=256M --ioengine=libaio --direct=1 --rw=write \
+    --bs=1M --iodepth=4 --output=/dev/null
+tenantfs volume detach v
+sleep 5
 tenantfs volume attach v --ublk
 suite /dev/ublkb0 ublk
 tenantfs volume detach v
@@ -58,9 +64,9 @@ suite /dev/nbd0 nbd
 nbd-client -d /dev/nbd0
 tenantfs volume detach v
 tenantfs mount v /mnt/v
-dev=$(losetup -f --show --direct-io=on /mnt/v/device)
+dev=$(/usr/local/bin/losetup -f --show --direct-io=on /mnt/v/device)
 suite $dev loop
-losetup -d $dev
+/usr/local/bin/losetup -d $dev
 tenantfs umount /mnt/v
 "#
     )

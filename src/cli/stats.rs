@@ -58,6 +58,16 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
         let place = super::volume::attached_at(d);
         row(&d.volume, &place, &d.activity, d.store.as_ref());
     }
+    for w in &v.waiting_volumes {
+        println!(
+            "configured volume {} ({}) is not attached yet (attempt {}, next in {} s): {}",
+            w.volume,
+            w.via,
+            w.attempts,
+            w.next_attempt_in_ms.div_ceil(1000),
+            w.error
+        );
+    }
     for w in &v.waiting_mounts {
         println!(
             "configured mount {} at {} is not mounted yet (attempt {}, next in {} s): {}",

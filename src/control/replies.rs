@@ -118,6 +118,17 @@ pub struct WaitingMountReport {
     pub next_attempt_in_ms: u64,
 }
 
+/// A configured `[[volume]]` the daemon could not attach yet (retried like a mount).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingVolumeReport {
+    pub volume: String,
+    /// `ublk`, or the NBD address.
+    pub via: String,
+    pub error: String,
+    pub attempts: u32,
+    pub next_attempt_in_ms: u64,
+}
+
 /// `stats`: the process's mounts and host numbers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsReply {
@@ -127,6 +138,8 @@ pub struct StatsReply {
     #[serde(default)]
     pub volumes: Vec<VolumeReport>,
     pub waiting_mounts: Vec<WaitingMountReport>,
+    #[serde(default)]
+    pub waiting_volumes: Vec<WaitingVolumeReport>,
     pub cache: CacheReport,
     pub log_lines_dropped: u64,
 }
@@ -250,6 +263,13 @@ mod tests {
                 attempts: 2,
                 since_unix: 9,
                 next_attempt_in_ms: 1000,
+            }],
+            waiting_volumes: vec![WaitingVolumeReport {
+                volume: "w".into(),
+                via: "ublk".into(),
+                error: "no ublk driver".into(),
+                attempts: 3,
+                next_attempt_in_ms: 4000,
             }],
             cache: cache_report(),
             log_lines_dropped: 0,

@@ -20,7 +20,7 @@ use crate::control::replies::MountReply;
 use crate::control::{self, Refusal, Reply, Request, Server};
 use crate::data_dir::DataDir;
 use crate::fuse::MountOptions;
-use crate::host::{absolute, lock, HostError, Role, ServingHost};
+use crate::host::{absolute, lock, AttachVia, HostError, Role, ServingHost};
 
 pub use notify::notify_systemd;
 use waiting::WaitingMount;
@@ -57,6 +57,8 @@ pub struct Daemon {
     host: ServingHost,
     /// Configured mounts that failed and are retried, by mountpoint.
     waiting: Mutex<BTreeMap<PathBuf, WaitingMount>>,
+    /// Configured volumes that failed to attach and are retried, by name.
+    waiting_volumes: Mutex<BTreeMap<String, (AttachVia, WaitingMount)>>,
     /// The last STATUS= line sent to systemd.
     status: Mutex<String>,
 }
@@ -66,6 +68,7 @@ impl Daemon {
         Ok(Arc::new(Self {
             host: ServingHost::start(data, config, Role::Daemon)?,
             waiting: Mutex::default(),
+            waiting_volumes: Mutex::default(),
             status: Mutex::default(),
         }))
     }
@@ -98,6 +101,61 @@ impl Daemon {
                     absolute(&m.mountpoint),
                     WaitingMount::new(&m.tenant, &m.options, error.message),
                 );
+            }
+        }
+    }
+
+    /// Attaches the config's `[[volume]]` entries (one a previous daemon left as a ublk
+    /// device is attached already: recovered); those that fail wait and are retried by
+    /// [`Self::supervise`].
+    fn attach_configured(&self, entries: &[crate::config::VolumeConfig]) {
+        for v in entries {
+            let via = match &v.nbd {
+                Some(a) => AttachVia::Nbd(a.clone()),
+                None => AttachVia::Ublk,
+            };
+            if let Err(error) = self.attach_configured_volume(&v.name, &via) {
+                tracing::error!(volume = %v.name, %via, %error,
+                    "cannot attach a configured volume; retrying until it attaches");
+                let w = WaitingMount::new(&v.name, &via.to_string(), error);
+                lock(&self.waiting_volumes).insert(v.name.clone(), (via, w));
+            }
+        }
+    }
+
+    /// One configured volume: attached now, or attached already (recovered, or by hand).
+    fn attach_configured_volume(&self, volume: &str, via: &AttachVia) -> Result<(), String> {
+        match self.host.attach_volume(volume, via) {
+            Ok(r) => {
+                tracing::info!(volume, kind = %r.kind, address = %r.address, "attached a configured volume");
+                Ok(())
+            }
+            Err(e) if e.code == control::RefusalCode::AlreadyAttached => Ok(()),
+            Err(e) => Err(e.message),
+        }
+    }
+
+    /// Retries the configured volumes that are due.
+    fn retry_volumes(&self) {
+        let now = Instant::now();
+        let due: Vec<(String, AttachVia)> = lock(&self.waiting_volumes)
+            .iter()
+            .filter(|(_, (_, w))| w.due(now))
+            .map(|(n, (via, _))| (n.clone(), via.clone()))
+            .collect();
+        for (name, via) in due {
+            match self.attach_configured_volume(&name, &via) {
+                Ok(()) => {
+                    lock(&self.waiting_volumes).remove(&name);
+                }
+                Err(error) => {
+                    if let Some((_, w)) = lock(&self.waiting_volumes).get_mut(&name) {
+                        if w.failed_again(error.clone()) {
+                            tracing::error!(volume = %name, %via, %error, attempts = w.attempts,
+                                "cannot attach a configured volume; retrying until it attaches");
+                        }
+                    }
+                }
             }
         }
     }
@@ -138,6 +196,7 @@ impl Daemon {
                 }
             }
         }
+        self.retry_volumes();
         self.host.resume_stores();
         self.tell_systemd();
     }
@@ -155,6 +214,15 @@ impl Daemon {
             status += &format!("; not mounted yet: {}", list.join(", "));
         }
         drop(waiting);
+        let volumes = lock(&self.waiting_volumes);
+        if !volumes.is_empty() {
+            let list: Vec<String> = volumes
+                .iter()
+                .map(|(n, (via, w))| format!("{n} as {via} ({})", w.error))
+                .collect();
+            status += &format!("; not attached yet: {}", list.join(", "));
+        }
+        drop(volumes);
         let full: Vec<&str> = sessions
             .iter()
             .filter(|s| s.store().is_some_and(|(s, _)| s.label() != "rw"))
@@ -188,7 +256,20 @@ impl Daemon {
                     .iter()
                     .map(|(p, w)| w.report(p))
                     .collect();
+                stats.waiting_volumes = lock(&self.waiting_volumes)
+                    .values()
+                    .map(|(_, w)| w.volume_report())
+                    .collect();
                 Ok(Reply::Stats(stats))
+            }
+            Request::VolumeAttach { volume, nbd, ublk } => {
+                let name = volume.clone();
+                let reply = self
+                    .host
+                    .handle(Request::VolumeAttach { volume, nbd, ublk })?;
+                // Attached by hand while its configured entry waited: nothing left to retry.
+                lock(&self.waiting_volumes).remove(&name);
+                Ok(reply)
             }
             other => self.host.handle(other),
         }
@@ -234,6 +315,7 @@ pub fn run(data: DataDir, config: &Config, socket: &Path) -> Result<(), DaemonEr
     }
     // The tenants the config lists (after a crash, their dead mounts are detached first).
     daemon.mount_configured(&config.mounts);
+    daemon.attach_configured(&config.volumes);
     tracing::info!(socket = %socket.display(), "tenantfs daemon ready");
     notify_systemd("READY=1");
     daemon.tell_systemd();

@@ -1,18 +1,21 @@
-//! Configured mounts that are not mounted yet, and when to try each again.
+//! Configured mounts and volumes that are not mounted or attached yet, and when to try each
+//! again.
 //!
-//! A `[[mount]]` entry that fails when the daemon starts (the disk is full, the mountpoint is
-//! not there yet, another process still holds the tenant) is not skipped: it waits here, is
-//! retried with a growing interval (1 s doubling to 30 s), and is reported in the log (when its
-//! error changes), in `tenantfs stats` and in systemd's STATUS= line until it is mounted.
+//! A `[[mount]]` or `[[volume]]` entry that fails when the daemon starts (the disk is full, the
+//! mountpoint is not there yet, another process still holds the tenant, no ublk driver yet) is
+//! not skipped: it waits here, is retried with a growing interval (1 s doubling to 30 s), and
+//! is reported in the log (when its error changes), in `tenantfs stats` and in systemd's
+//! STATUS= line until it is served.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::control::replies::WaitingMountReport;
+use crate::control::replies::{WaitingMountReport, WaitingVolumeReport};
 
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const LONGEST_RETRY: Duration = Duration::from_secs(30);
 
-/// One configured mount waiting to be mounted.
+/// One configured mount waiting to be mounted (or volume waiting to be attached: `tenant`
+/// is its name, `options` how it is to be served).
 #[derive(Clone, Debug)]
 pub struct WaitingMount {
     pub tenant: String,
@@ -57,6 +60,23 @@ impl WaitingMount {
         changed
     }
 
+    /// What `tenantfs stats` shows of a waiting volume.
+    pub fn volume_report(&self) -> WaitingVolumeReport {
+        WaitingVolumeReport {
+            volume: self.tenant.clone(),
+            via: self.options.clone(),
+            error: self.error.clone(),
+            attempts: self.attempts,
+            next_attempt_in_ms: self.next_in_ms(),
+        }
+    }
+
+    fn next_in_ms(&self) -> u64 {
+        self.next
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64
+    }
+
     /// What `tenantfs stats` shows of it.
     pub fn report(&self, mountpoint: &std::path::Path) -> WaitingMountReport {
         WaitingMountReport {
@@ -65,10 +85,7 @@ impl WaitingMount {
             error: self.error.clone(),
             attempts: self.attempts,
             since_unix: self.since_unix,
-            next_attempt_in_ms: self
-                .next
-                .saturating_duration_since(Instant::now())
-                .as_millis() as u64,
+            next_attempt_in_ms: self.next_in_ms(),
         }
     }
 }

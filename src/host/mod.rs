@@ -100,6 +100,15 @@ pub enum AttachVia {
     Ublk,
 }
 
+impl std::fmt::Display for AttachVia {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttachVia::Nbd(a) => write!(f, "nbd {a}"),
+            AttachVia::Ublk => f.write_str("ublk"),
+        }
+    }
+}
+
 /// Locks `m`, going on past a poisoned lock (a panic while serving one request fails that
 /// request only; the tables it guards stay usable).
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -534,6 +543,7 @@ impl ServingHost {
             mounts: self.mount_reports(),
             volumes: self.volume_reports(),
             waiting_mounts: Vec::new(),
+            waiting_volumes: Vec::new(),
             cache: self.cache_report(),
             log_lines_dropped: crate::logging::dropped_lines(),
         }

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use crate::common::process::BIN;
 
-/// Boots the VM, runs `script` in it (under `sh -e`) with `programs` in its /bin (and `disk`,
+/// Boots the VM, runs `script` in it (under `sh -e`) with `programs` in its PATH (and `disk`,
 /// a raw image, as /dev/vda), and returns whether the script succeeded, and the VM's console
 /// output.
 pub fn run_in_vm(script: &str, programs: &[&str], disk: Option<&Path>) -> (bool, String) {

@@ -6,7 +6,7 @@
 #
 #   vm.sh prepare                 fetch the kernel and build the boot files (once; cached)
 #   vm.sh run SCRIPT [FILE...]    boot, run SCRIPT as /test.sh; each FILE (a program) is put
-#                                 in /bin with the libraries `ldd` lists for it
+#                                 in /usr/local/bin with the libraries `ldd` lists for it
 #
 # Environment: TENANTFS_VM_DIR (cache, default /var/tmp/tenantfs-vm), VM_MEM (MiB, 1024),
 # VM_TIMEOUT (s, 300), VM_DISK (an image attached as virtio disk /dev/vda), VM_CPUS (2).
@@ -79,7 +79,7 @@ prepare_locked() {
 add_program() {
   local prog=$1 root=$2
   # Without debug info (the release profile keeps it: 450 MB that the VM's RAM would hold).
-  strip --strip-debug -o "$root/bin/$(basename "$prog")" "$prog"
+  strip --strip-debug -o "$root/usr/local/bin/$(basename "$prog")" "$prog"
   ldd "$prog" 2>/dev/null | grep -o '/[^ ]*' | while read -r lib; do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"
@@ -92,7 +92,7 @@ run() {
   local tree
   tree=$(mktemp -d /tmp/tenantfs-vm-tree.XXXXXX)
   trap 'rm -rf "$tree"' EXIT
-  mkdir -p "$tree"/{bin,dev,proc,sys,tmp,run,mnt,lib/modules}
+  mkdir -p "$tree"/{bin,dev,proc,sys,tmp,run,mnt,lib/modules,usr/local/bin}
   cp "$DIR/busybox" "$tree/bin/busybox"
   cp "$DIR"/modules/*.ko "$tree/lib/modules/"
   for prog in "$@"; do add_program "$prog" "$tree"; done
@@ -100,7 +100,9 @@ run() {
   cat > "$tree/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin
-export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+# The programs given first. (busybox's shell runs its own applets before any PATH lookup:
+# call a program that has an applet's name, such as losetup, by its full path.)
+export PATH=/usr/local/bin:/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
 mount -t devtmpfs dev /dev

@@ -400,3 +400,37 @@ fn writing(target: &str, write: &str) -> std::process::Child {
 fn same_file(a: &Path, b: &Path) -> bool {
     std::fs::read(a).unwrap() == std::fs::read(b).unwrap()
 }
+
+#[test]
+fn configured_volumes_are_attached_when_the_daemon_starts_and_wait_when_they_cannot_be() {
+    let h = Host::new("vol-cfg");
+    let sock = h.root().join("v.sock");
+    let h = h.with_config(&format!(
+        "[[volume]]\nname = \"v\"\nnbd = \"unix:{}\"\n[[volume]]\nname = \"w\"\nublk = true\n",
+        sock.display()
+    ));
+    h.ok(&["volume", "create", "v", "--size", "64M"]);
+    h.ok(&["volume", "create", "w", "--size", "64M"]);
+    let q = format!("nbd:unix:{}", sock.display());
+    let mut d = daemon(&h);
+    qemu_io(&q, &["write -P 0x21 0 1M", "flush"]);
+    if !Path::new("/dev/ublk-control").exists() {
+        // No ublk driver on this host: w waits, and says why.
+        let table = h.ok(&["stats"]);
+        assert!(
+            table.contains("configured volume w (ublk) is not attached yet")
+                && table.contains("no ublk driver"),
+            "{table}"
+        );
+        let json: serde_json::Value = serde_json::from_str(&h.ok(&["stats", "--json"])).unwrap();
+        assert_eq!(json["waiting_volumes"][0]["volume"], "w", "{json}");
+        assert!(json["waiting_volumes"][0]["attempts"].as_u64().unwrap() >= 1);
+    }
+    // After a kill -9, the next daemon serves v at the same address without being asked.
+    let _ = d.0.kill();
+    let _ = d.0.wait();
+    let _d = daemon(&h);
+    qemu_io(&q, &["read -P 0x21 0 1M"]);
+    let listed = listed(&h, "v").unwrap();
+    assert_eq!(listed["attached"]["kind"], "nbd", "{listed}");
+}
