@@ -3,7 +3,8 @@
 //! (ublk), as /dev/nbd0 (the kernel's NBD client on the daemon's unix socket export), and as
 //! FUSE + loop (the volume mounted, its device file behind a loop device with direct I/O).
 //! TCG emulates every instruction, so absolute numbers mean nothing: the ratios to FUSE+loop,
-//! measured minutes apart on the same emulated machine, are the result.
+//! measured minutes apart on the same emulated machine (each way twice, in the order A B C C
+//! B A, the mean of the two), are the result.
 //!
 //! Jobs (fio, libaio, O_DIRECT, SECONDS each over a 256 MiB region written once first, the
 //! store then synced and left to settle):
@@ -55,19 +56,28 @@ fio --name=layout --filename=/dev/ublkb0 --size=256M --ioengine=libaio --direct=
     --bs=1M --iodepth=4 --output=/dev/null
 tenantfs volume detach v
 sleep 5
-tenantfs volume attach v --ublk
-suite /dev/ublkb0 ublk
-tenantfs volume detach v
-tenantfs volume attach v --nbd unix:/tmp/v.sock
-nbd-client -u /tmp/v.sock /dev/nbd0 -b 4096 -C 2
-suite /dev/nbd0 nbd
-nbd-client -d /dev/nbd0
-tenantfs volume detach v
-tenantfs mount v /mnt/v
-dev=$(/usr/local/bin/losetup -f --show --direct-io=on /mnt/v/device)
-suite $dev loop
-/usr/local/bin/losetup -d $dev
-tenantfs umount /mnt/v
+ublk() {{
+  tenantfs volume attach v --ublk
+  suite /dev/ublkb0 ublk
+  tenantfs volume detach v
+}}
+nbd() {{
+  tenantfs volume attach v --nbd unix:/tmp/v.sock
+  nbd-client -u /tmp/v.sock /dev/nbd0 -b 4096 -C 2
+  suite /dev/nbd0 nbd
+  nbd-client -d /dev/nbd0
+  tenantfs volume detach v
+}}
+fuse_loop() {{
+  tenantfs mount v /mnt/v
+  dev=$(/usr/local/bin/losetup -f --show --direct-io=on /mnt/v/device)
+  suite $dev loop
+  /usr/local/bin/losetup -d $dev
+  tenantfs umount /mnt/v
+}}
+# Each way twice, in the order A B C C B A: what runs earlier or later (a warmer host page
+# cache under the VM's disk, the store's background work) favours no way.
+ublk; nbd; fuse_loop; fuse_loop; nbd; ublk
 "#
     )
 }
@@ -76,6 +86,25 @@ tenantfs umount /mnt/v
 struct Measured {
     iops: f64,
     p50_us: f64,
+    runs: u32,
+}
+
+impl Measured {
+    /// Adds one run's numbers (the table shows the mean of the runs).
+    fn add(&mut self, run: Measured) {
+        self.iops += run.iops;
+        self.p50_us += run.p50_us;
+        self.runs += 1;
+    }
+
+    fn mean(&self) -> Measured {
+        let n = f64::from(self.runs.max(1));
+        Measured {
+            iops: self.iops / n,
+            p50_us: self.p50_us / n,
+            runs: self.runs,
+        }
+    }
 }
 
 /// The job's numbers from fio's JSON (its write side if it wrote).
@@ -93,6 +122,7 @@ fn measured(json: &str) -> Measured {
             .as_f64()
             .unwrap_or(0.0)
             / 1e3,
+        runs: 1,
     }
 }
 
@@ -122,7 +152,7 @@ fn main() {
         .args(["/usr/bin/fio", "/usr/sbin/nbd-client", "/sbin/losetup"])
         .env("VM_DISK", &disk)
         .env("VM_MEM", "2048")
-        .env("VM_TIMEOUT", "1800")
+        .env("VM_TIMEOUT", "3600")
         .output()
         .expect("run tests/vm/vm.sh");
     let console = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -140,19 +170,25 @@ fn main() {
         let (way, job) = (words.next().unwrap(), words.next().unwrap());
         let next = console.lines().skip_while(|l| *l != line).nth(1).unwrap();
         let w = WAYS.iter().position(|x| *x == way).expect("a known way");
-        results[w][job.parse::<usize>().unwrap()] = measured(next.trim_end_matches('\r'));
+        results[w][job.parse::<usize>().unwrap()].add(measured(next.trim_end_matches('\r')));
     }
     println!(
         "one 512 MiB volume in the VM (qemu TCG, 2 vCPUs), 256 MiB region, {seconds} s per job, \
          fio libaio O_DIRECT; ublk: /dev/ublkb0; NBD: /dev/nbd0 on the daemon's unix socket \
          (2 connections); FUSE+loop: loop (direct I/O) over the volume's device file in its \
-         FUSE mount; ratios are IOPS over FUSE+loop's"
+         FUSE mount; each way run twice (order A B C C B A), the mean shown; ratios are IOPS \
+         over FUSE+loop's"
     );
     println!("| job | ublk | NBD | FUSE+loop | ublk / loop | NBD / loop |");
     println!("|---|---:|---:|---:|---:|---:|");
     let cell = |m: &Measured| format!("{:.0} IOPS, p50 {:.0} us", m.iops, m.p50_us);
     for (j, (name, _)) in JOBS.iter().enumerate() {
-        let (u, n, l) = (&results[0][j], &results[1][j], &results[2][j]);
+        let (u, n, l) = (
+            &results[0][j].mean(),
+            &results[1][j].mean(),
+            &results[2][j].mean(),
+        );
+        assert_eq!((u.runs, n.runs, l.runs), (2, 2, 2), "a run is missing");
         println!(
             "| {name} | {} | {} | {} | {:.2} | {:.2} |",
             cell(u),

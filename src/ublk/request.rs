@@ -57,6 +57,15 @@ impl Request {
         }
     }
 
+    /// Whether it is carried out without a sync (not a FLUSH, not FUA).
+    pub fn is_quick(&self) -> bool {
+        match *self {
+            Request::Read { .. } | Request::Unsupported(_) => true,
+            Request::Write { fua, .. } | Request::Discard { fua, .. } => !fua,
+            Request::Flush => false,
+        }
+    }
+
     /// The result the kernel takes for a request carried out: the bytes it covered (0 for
     /// a flush).
     pub fn done(&self) -> i32 {
@@ -107,6 +116,9 @@ mod tests {
             }
         );
         assert_eq!(big.done(), 0);
+        assert!(big.is_quick());
+        assert!(!Request::decode(sys::UBLK_IO_OP_FLUSH, 0, 0, MAX).is_quick());
+        assert!(!Request::decode(sys::UBLK_IO_OP_WRITE | sys::UBLK_IO_F_FUA, 0, 8, MAX).is_quick());
         assert!(matches!(
             Request::decode(
                 sys::UBLK_IO_OP_WRITE_ZEROES | sys::UBLK_IO_F_NOUNMAP,

@@ -7,7 +7,7 @@
 //! being carried out finish, then holds every later one unanswered: the kernel reissues
 //! those to the next server (`UBLK_F_USER_RECOVERY_REISSUE`), so no user sees an error.
 
-use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
@@ -44,6 +44,7 @@ struct Gate {
 
 /// A device's workers.
 pub(super) struct Workers {
+    device: Arc<BlockDevice>,
     jobs: Mutex<Option<Sender<Job>>>,
     gate: Arc<(Mutex<Gate>, Condvar)>,
     threads: Mutex<Vec<JoinHandle<()>>>,
@@ -60,10 +61,24 @@ impl Workers {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("ublk-io-{i}"))
-                    .spawn(move || work(&device, &rx, &gate))?,
+                    .spawn(move || loop {
+                        let Ok(job) = lock(&rx).recv() else { return };
+                        let Job {
+                            request,
+                            mut data,
+                            reply,
+                            wake,
+                        } = job;
+                        let result = gated(&gate, || carry_out(&device, request, &mut data));
+                        // The queue may be gone (the device stopped): nobody waits then.
+                        if reply.try_send(Answer { result, data }).is_ok() {
+                            let _ = wake.write(1);
+                        }
+                    })?,
             );
         }
         Ok(Self {
+            device,
             jobs: Mutex::new(Some(tx)),
             gate,
             threads: Mutex::new(threads),
@@ -75,6 +90,12 @@ impl Workers {
         lock(&self.jobs)
             .as_ref()
             .is_some_and(|tx| tx.send(job).is_ok())
+    }
+
+    /// Carries `request` out on the calling thread (a queue thread with no other request
+    /// to serve: no hand-over to a worker and back), under the same suspend gate.
+    pub fn carry_out_here(&self, request: Request, data: &mut Vec<u8>) -> i32 {
+        gated(&self.gate, || carry_out(&self.device, request, data))
     }
 
     /// Waits for the requests being carried out; later ones are never answered.
@@ -96,34 +117,21 @@ impl Workers {
     }
 }
 
-fn work(device: &BlockDevice, jobs: &Mutex<Receiver<Job>>, gate: &(Mutex<Gate>, Condvar)) {
-    loop {
-        let Ok(job) = lock(jobs).recv() else { return };
-        {
-            let (m, cv) = gate;
-            let mut g = lock(m);
-            while g.suspended {
-                g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
-            }
-            g.running += 1;
+/// Runs `f` unless the device is suspended (then waits forever: the request stays with the
+/// kernel for the next server), counted as running meanwhile.
+fn gated(gate: &(Mutex<Gate>, Condvar), f: impl FnOnce() -> i32) -> i32 {
+    let (m, cv) = gate;
+    {
+        let mut g = lock(m);
+        while g.suspended {
+            g = cv.wait(g).unwrap_or_else(|p| p.into_inner());
         }
-        let Job {
-            request,
-            mut data,
-            reply,
-            wake,
-        } = job;
-        let result = carry_out(device, request, &mut data);
-        {
-            let (m, cv) = gate;
-            lock(m).running -= 1;
-            cv.notify_all();
-        }
-        // The queue may be gone (the device stopped): then nobody waits for the answer.
-        if reply.try_send(Answer { result, data }).is_ok() {
-            let _ = wake.write(1);
-        }
+        g.running += 1;
     }
+    let result = f();
+    lock(m).running -= 1;
+    cv.notify_all();
+    result
 }
 
 /// Carries out one request on the device: the bytes done, or a negative errno.

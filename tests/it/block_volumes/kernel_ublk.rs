@@ -4,45 +4,24 @@
 //! device, and the job, which never saw the device go, completes without an error; so does
 //! one across a daemon stopped with SIGTERM and started again.
 
+use super::VM_SETUP;
 use crate::common::process::BIN;
 use crate::vm::{ext4_image, run_in_vm};
-
-/// Mounts the data disk and starts a daemon (`start_daemon`, again after a kill).
-const SETUP: &str = r#"
-mkdir -p /etc && ln -sf /proc/mounts /etc/mtab
-mkdir -p /mnt/d /mnt/fs
-mount /dev/vda /mnt/d
-export TENANTFS_DATA_DIR=/mnt/d/data
-tenantfs init >/dev/null
-start_daemon() {
-  rm -f $TENANTFS_DATA_DIR/tenantfs.sock
-  TENANTFS_LOG=tenantfs=info tenantfs daemon 2>>/tmp/daemon.log &
-  DAEMON=$!
-  while [ ! -S $TENANTFS_DATA_DIR/tenantfs.sock ]; do sleep 0.1; done
-  tenantfs stats >/dev/null
-}
-"#;
 
 #[test]
 fn a_ublk_device_takes_an_ext4_that_survives_detach_and_attach() {
     let dir = tempfile::tempdir().unwrap();
     let disk = ext4_image(dir.path(), 2 << 30);
-    let script = SETUP.to_owned()
+    let script = VM_SETUP.to_owned()
         + r#"
 tenantfs volume create v --size 256M >/dev/null
 start_daemon
 tenantfs volume attach v --ublk
 test -b /dev/ublkb0
 echo "size: $(blockdev --getsize64 /dev/ublkb0)"
-sums() { (cd /mnt/fs && find . -type f | sort | xargs sha256sum); }
 mkfs.ext4 -q /dev/ublkb0
 mount /dev/ublkb0 /mnt/fs
-mkdir -p /mnt/fs/a/b /mnt/fs/c
-for i in $(seq 40); do dd if=/dev/urandom of=/mnt/fs/a/b/f$i bs=4k count=$i 2>/dev/null; done
-dd if=/dev/urandom of=/mnt/fs/c/big bs=1M count=24 2>/dev/null
-cp /bin/busybox /mnt/fs/c/
-sums > /tmp/sums
-echo "files: $(wc -l < /tmp/sums)"
+fill_tree
 tenantfs volume detach v 2>/tmp/err && exit 1
 grep -q "in use" /tmp/err && echo "detach refused while mounted"
 sync
@@ -85,7 +64,7 @@ tenantfs volume detach v
 fn a_daemon_killed_or_stopped_during_fio_verify_recovers_the_device_and_the_job_passes() {
     let dir = tempfile::tempdir().unwrap();
     let disk = ext4_image(dir.path(), 2 << 30);
-    let script = SETUP.to_owned()
+    let script = VM_SETUP.to_owned()
         + r#"
 tenantfs volume create v --size 128M >/dev/null
 start_daemon

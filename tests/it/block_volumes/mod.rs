@@ -16,6 +16,34 @@ mod kernel_ublk;
 mod nbd_wire;
 
 /// `volume list --json`, by name.
+/// The start of the kernel clients' VM scripts: the data disk mounted at /mnt/d with a data
+/// dir on it; `start_daemon` (again after a kill: `$DAEMON` is its pid, its log
+/// /tmp/daemon.log); `fill_tree`, 42 files on /mnt/fs (40 small, 24 MiB of random bytes,
+/// busybox) with their sums kept in /tmp/sums; `sums`, the sums of what /mnt/fs holds now.
+const VM_SETUP: &str = r#"
+mkdir -p /etc && ln -sf /proc/mounts /etc/mtab
+mkdir -p /mnt/d /mnt/fs
+mount /dev/vda /mnt/d
+export TENANTFS_DATA_DIR=/mnt/d/data
+tenantfs init >/dev/null
+start_daemon() {
+  rm -f $TENANTFS_DATA_DIR/tenantfs.sock
+  TENANTFS_LOG=tenantfs=info tenantfs daemon 2>>/tmp/daemon.log &
+  DAEMON=$!
+  while [ ! -S $TENANTFS_DATA_DIR/tenantfs.sock ]; do sleep 0.1; done
+  tenantfs stats >/dev/null
+}
+sums() { (cd /mnt/fs && find . -type f | sort | xargs sha256sum); }
+fill_tree() {
+  mkdir -p /mnt/fs/a/b /mnt/fs/c
+  for i in $(seq 40); do dd if=/dev/urandom of=/mnt/fs/a/b/f$i bs=4k count=$i 2>/dev/null; done
+  dd if=/dev/urandom of=/mnt/fs/c/big bs=1M count=24 2>/dev/null
+  cp /bin/busybox /mnt/fs/c/
+  sums > /tmp/sums
+  echo "files: $(wc -l < /tmp/sums)"
+}
+"#;
+
 fn listed(h: &Host, name: &str) -> Option<serde_json::Value> {
     let v: serde_json::Value = serde_json::from_str(&h.ok(&["volume", "list", "--json"])).unwrap();
     v.as_array()
