@@ -187,7 +187,13 @@ impl Config {
                 config.pressure.interval_ms
             )));
         }
-        for v in &config.volumes {
+        for (i, v) in config.volumes.iter().enumerate() {
+            if config.volumes[..i].iter().any(|w| w.name == v.name) {
+                return Err(invalid(format!(
+                    "volume {} is listed twice; keep one [[volume]] entry for it",
+                    v.name
+                )));
+            }
             match (&v.nbd, v.ublk) {
                 (Some(nbd), false) => {
                     let problem = match crate::nbd::NbdAddress::parse(nbd) {
@@ -268,6 +274,7 @@ mod tests {
             "name = \"v\"\nublk = true\nnbd = \"unix:/x\"\n",
             "name = \"v\"\nnbd = \"unix:rel.sock\"\n",
             "name = \"v\"\nnbd = \"0.0.0.0:10809\"\n",
+            "name = \"v\"\nublk = true\n[[volume]]\nname = \"v\"\nublk = true\n",
         ] {
             let e = Config::parse(&format!("[[volume]]\n{bad}"), p).unwrap_err();
             assert!(e.to_string().contains("volume v"), "{bad}: {e}");

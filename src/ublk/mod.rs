@@ -251,8 +251,12 @@ impl UblkTarget {
         if let Some(t) = self.serving.take() {
             let _ = t.join();
         }
-        let _ = self.ctrl.del_dev();
-        self.device.flush().ok();
+        if let Err(error) = self.ctrl.del_dev() {
+            tracing::warn!(path = %path, %error, "ublk device stopped but not deleted");
+        }
+        if let Err(error) = self.device.flush() {
+            tracing::error!(volume = self.device.name(), %error, "cannot sync a detached volume");
+        }
         Ok(())
     }
 
