@@ -56,7 +56,7 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
     }
     for d in &v.volumes {
         let place = super::volume::attached_at(d);
-        row(&d.volume, &place, &d.activity, d.store.as_ref());
+        row(&d.served.volume, &place, &d.activity, d.store.as_ref());
     }
     for w in &v.waiting_volumes {
         println!(

@@ -45,7 +45,10 @@ pub fn list(cli: &Cli, json: bool) -> Result<()> {
     let list: Vec<ListedVolume> = blockdev::list(&cli.data_dir)?
         .into_iter()
         .map(|info| ListedVolume {
-            attached: attached.iter().find(|v| v.volume == info.name).cloned(),
+            attached: attached
+                .iter()
+                .find(|v| v.served.volume == info.name)
+                .cloned(),
             info,
         })
         .collect();
@@ -75,10 +78,10 @@ pub fn list(cli: &Cli, json: bool) -> Result<()> {
 
 /// Where an attached volume is served, as `list` and `stats` show it.
 pub fn attached_at(a: &VolumeReport) -> String {
-    if a.kind == "ublk" {
-        format!("ublk {}", a.address)
+    if a.served.kind == "ublk" {
+        format!("ublk {}", a.served.address)
     } else {
-        format!("nbd {} ({} clients)", a.address, a.connections)
+        format!("nbd {} ({} clients)", a.served.address, a.connections)
     }
 }
 
@@ -131,7 +134,8 @@ pub fn attach(cli: &Cli, name: &str, nbd: Option<&str>, ublk: bool) -> Result<()
     };
     let r = daemon
         .volume_attach(name, address.as_deref())
-        .map_err(daemon_error)?;
+        .map_err(daemon_error)?
+        .served;
     if r.kind == "ublk" {
         println!(
             "attached volume {} ({}) as {}",

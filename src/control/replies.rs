@@ -49,11 +49,11 @@ pub struct UmountReply {
     pub tenant: String,
 }
 
-/// `volume_attach`: where the volume is served.
+/// Where and how an attached volume is served (in `volume_attach`'s reply and in `stats`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VolumeAttachReply {
+pub struct VolumeServed {
     pub volume: String,
-    /// `nbd` or `ublk`.
+    /// `nbd` or `ublk` (replies of servers before ublk are NBD).
     #[serde(default = "nbd")]
     pub kind: String,
     /// `unix:PATH` or `HOST:PORT` (a port asked for as 0 resolved), or /dev/ublkbN.
@@ -61,11 +61,18 @@ pub struct VolumeAttachReply {
     /// The same as an NBD URI (for `nbdinfo`, `nbdcopy`, `qemu-img`); empty for ublk.
     pub uri: String,
     pub size_bytes: u64,
-    pub pid: u32,
 }
 
 fn nbd() -> String {
     "nbd".into()
+}
+
+/// `volume_attach`: where the volume is served.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeAttachReply {
+    #[serde(flatten)]
+    pub served: VolumeServed,
+    pub pid: u32,
 }
 
 /// `volume_detach`: the connections that were closed (the store is synced and closed).
@@ -78,13 +85,8 @@ pub struct VolumeDetachReply {
 /// One attached block volume in [`StatsReply`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeReport {
-    pub volume: String,
-    /// `nbd` or `ublk` (replies of servers before ublk are NBD).
-    #[serde(default = "nbd")]
-    pub kind: String,
-    pub address: String,
-    pub uri: String,
-    pub size_bytes: u64,
+    #[serde(flatten)]
+    pub served: VolumeServed,
     pub connections: u64,
     #[serde(flatten)]
     pub activity: MountActivity,
@@ -247,11 +249,13 @@ mod tests {
                 },
             ],
             volumes: vec![VolumeReport {
-                volume: "v".into(),
-                kind: "nbd".into(),
-                address: "unix:/run/v.sock".into(),
-                uri: "nbd+unix:///?socket=/run/v.sock".into(),
-                size_bytes: 1 << 30,
+                served: VolumeServed {
+                    volume: "v".into(),
+                    kind: "nbd".into(),
+                    address: "unix:/run/v.sock".into(),
+                    uri: "nbd+unix:///?socket=/run/v.sock".into(),
+                    size_bytes: 1 << 30,
+                },
                 connections: 2,
                 activity,
                 store: Some(StoreState::Writable),
@@ -280,18 +284,20 @@ mod tests {
         assert_eq!(v["volumes"][0]["ops"]["read"]["calls"], 4);
         assert_eq!(v["volumes"][0]["connections"], 2);
         round_trip(Reply::VolumeAttach(VolumeAttachReply {
-            volume: "v".into(),
-            kind: "ublk".into(),
-            address: "/dev/ublkb0".into(),
-            uri: String::new(),
-            size_bytes: 512,
+            served: VolumeServed {
+                volume: "v".into(),
+                kind: "ublk".into(),
+                address: "/dev/ublkb0".into(),
+                uri: String::new(),
+                size_bytes: 512,
+            },
             pid: 1,
         }));
         // A server from before ublk sends no kind: its volumes are NBD exports.
         let old = serde_json::json!({"volume": "v", "address": "127.0.0.1:10809",
             "uri": "nbd://127.0.0.1:10809/", "size_bytes": 512, "pid": 1});
         let r: VolumeAttachReply = serde_json::from_value(old).unwrap();
-        assert_eq!(r.kind, "nbd");
+        assert_eq!(r.served.kind, "nbd");
         round_trip(Reply::VolumeDetach(VolumeDetachReply {
             volume: "v".into(),
             connections_closed: 1,

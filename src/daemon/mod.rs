@@ -127,7 +127,7 @@ impl Daemon {
     fn attach_configured_volume(&self, volume: &str, via: &AttachVia) -> Result<(), String> {
         match self.host.attach_volume(volume, via) {
             Ok(r) => {
-                tracing::info!(volume, kind = %r.kind, address = %r.address, "attached a configured volume");
+                tracing::info!(volume, kind = %r.served.kind, address = %r.served.address, "attached a configured volume");
                 Ok(())
             }
             Err(e) if e.code == control::RefusalCode::AlreadyAttached => Ok(()),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use crate::blockdev::BlockDevice;
-use crate::control::replies::VolumeReport;
+use crate::control::replies::{VolumeReport, VolumeServed};
 use crate::nbd::NbdExport;
 use crate::ublk::{UblkServeError, UblkTarget};
 
@@ -75,15 +75,22 @@ impl Attached {
         }
     }
 
-    /// What `tenantfs stats` shows of it.
-    pub fn report(&self, volume: &str) -> VolumeReport {
-        let device = self.device();
-        VolumeReport {
+    /// Where and how it is served.
+    pub fn served(&self, volume: &str) -> VolumeServed {
+        VolumeServed {
             volume: volume.to_owned(),
             kind: self.kind().to_owned(),
             address: self.address(),
             uri: self.uri(),
-            size_bytes: device.size(),
+            size_bytes: self.device().size(),
+        }
+    }
+
+    /// What `tenantfs stats` shows of it.
+    pub fn report(&self, volume: &str) -> VolumeReport {
+        let device = self.device();
+        VolumeReport {
+            served: self.served(volume),
             connections: self.connections() as u64,
             activity: device.metrics().summary(),
             store: Some(device.volume().tenant().db().state()),

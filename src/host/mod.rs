@@ -364,11 +364,7 @@ impl ServingHost {
         lock(&self.attaching).remove(volume);
         let attached = started.map_err(failed)?;
         let reply = VolumeAttachReply {
-            volume: volume.to_owned(),
-            kind: attached.kind().to_owned(),
-            address: attached.address(),
-            uri: attached.uri(),
-            size_bytes: attached.device().size(),
+            served: attached.served(volume),
             pid: std::process::id(),
         };
         lock(&self.exports).insert(volume.to_owned(), attached);

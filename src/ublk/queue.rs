@@ -79,43 +79,36 @@ async fn serve_tag(
     loop {
         let iod = q.get_iod(tag);
         let request = Request::decode(iod.op_flags, iod.start_sector, iod.nr_sectors, max);
-        let data = match request {
-            Request::Write { len, .. } => buf.as_slice()[..len as usize].to_vec(),
-            _ => Vec::new(),
+        let written = match request {
+            Request::Write { len, .. } => &buf.as_slice()[..len as usize],
+            _ => &[],
         };
         // The requests this queue holds now (counted as the ring is reaped, so the others of
         // this batch are in it already): one alone is carried out here, saving the hand-over
-        // to a worker and the wake-up back (two thread switches per request at QD1); those
-        // that sync (FLUSH, FUA) and any that have company go to the workers.
+        // to a worker and the wake-up back (two thread switches per request at QD1) and the
+        // copy of a write's bytes; those that sync (FLUSH, FUA) and any that have company go
+        // to the workers.
         #[allow(deprecated)]
         let alone = q.get_inflight_nr_io() <= 1;
-        let result = if alone && request.is_quick() {
-            let mut data = data;
-            let r = workers.carry_out_here(request, &mut data);
-            if let (Request::Read { .. }, true) = (request, r >= 0) {
-                buf.as_mut_slice()[..data.len()].copy_from_slice(&data);
-            }
-            r
+        let (result, read) = if alone && request.is_quick() {
+            let mut read = Vec::new();
+            (workers.carry_out_here(request, written, &mut read), read)
         } else if workers.submit(Job {
             request,
-            data,
+            data: written.to_vec(),
             reply: reply.clone(),
             wake: wake.clone(),
         }) {
             match answers.recv().await {
-                Ok(answer) => {
-                    if let Request::Read { .. } = request {
-                        if answer.result >= 0 {
-                            buf.as_mut_slice()[..answer.data.len()].copy_from_slice(&answer.data);
-                        }
-                    }
-                    answer.result
-                }
-                Err(_) => -libc::EIO,
+                Ok(answer) => (answer.result, answer.data),
+                Err(_) => (-libc::EIO, Vec::new()),
             }
         } else {
-            -libc::EIO
+            (-libc::EIO, Vec::new())
         };
+        if let (Request::Read { .. }, true) = (request, result >= 0) {
+            buf.as_mut_slice()[..read.len()].copy_from_slice(&read);
+        }
         q.submit_io_commit_cmd(tag, BufDesc::Slice(buf.as_slice()), result)
             .await?;
     }

@@ -23,7 +23,7 @@ const WORKERS: usize = 4;
 /// One request handed to the workers, with where its answer goes.
 pub(super) struct Job {
     pub request: Request,
-    /// A WRITE's bytes; a READ's buffer (returned filled).
+    /// A WRITE's bytes.
     pub data: Vec<u8>,
     pub reply: smol::channel::Sender<Answer>,
     /// The requesting queue's eventfd, written once the answer is sent.
@@ -65,11 +65,13 @@ impl Workers {
                         let Ok(job) = lock(&rx).recv() else { return };
                         let Job {
                             request,
-                            mut data,
+                            data: written,
                             reply,
                             wake,
                         } = job;
-                        let result = gated(&gate, || carry_out(&device, request, &mut data));
+                        let mut data = Vec::new();
+                        let result =
+                            gated(&gate, || carry_out(&device, request, &written, &mut data));
                         // The queue may be gone (the device stopped): nobody waits then.
                         if reply.try_send(Answer { result, data }).is_ok() {
                             let _ = wake.write(1);
@@ -94,8 +96,10 @@ impl Workers {
 
     /// Carries `request` out on the calling thread (a queue thread with no other request
     /// to serve: no hand-over to a worker and back), under the same suspend gate.
-    pub fn carry_out_here(&self, request: Request, data: &mut Vec<u8>) -> i32 {
-        gated(&self.gate, || carry_out(&self.device, request, data))
+    pub fn carry_out_here(&self, request: Request, written: &[u8], read: &mut Vec<u8>) -> i32 {
+        gated(&self.gate, || {
+            carry_out(&self.device, request, written, read)
+        })
     }
 
     /// Waits for the requests being carried out; later ones are never answered.
@@ -134,11 +138,12 @@ fn gated(gate: &(Mutex<Gate>, Condvar), f: impl FnOnce() -> i32) -> i32 {
     result
 }
 
-/// Carries out one request on the device: the bytes done, or a negative errno.
-fn carry_out(device: &BlockDevice, request: Request, data: &mut Vec<u8>) -> i32 {
+/// Carries out one request on the device, a WRITE's bytes from `written`, a READ's into
+/// `read`: the bytes done, or a negative errno.
+fn carry_out(device: &BlockDevice, request: Request, written: &[u8], read: &mut Vec<u8>) -> i32 {
     let r = match request {
-        Request::Read { offset, len } => device.read(offset, len, data),
-        Request::Write { offset, fua, .. } => device.write(offset, data, fua),
+        Request::Read { offset, len } => device.read(offset, len, read),
+        Request::Write { offset, fua, .. } => device.write(offset, written, fua),
         Request::Flush => device.flush(),
         Request::Discard { offset, len, fua } => device.discard(offset, len, fua),
         Request::Unsupported(_) => return request.done(),

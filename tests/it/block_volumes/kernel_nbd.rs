@@ -3,16 +3,12 @@
 //! tree of files go on it, e2fsck -fn finds it clean, and after a detach and attach of both
 //! the client and the volume, every file reads back the same.
 
-use super::VM_SETUP;
-use crate::common::process::BIN;
-use crate::vm::{ext4_image, run_in_vm};
+use super::in_vm;
 
 #[test]
 fn the_kernel_nbd_client_takes_an_ext4_that_survives_detach_and_attach() {
-    let dir = tempfile::tempdir().unwrap();
-    let disk = ext4_image(dir.path(), 2 << 30);
-    let script = VM_SETUP.to_owned()
-        + r#"
+    in_vm(
+        r#"
 tenantfs volume create v --size 256M >/dev/null
 start_daemon
 attach() {
@@ -33,24 +29,17 @@ sums | cmp - /tmp/sums && echo "same files after detach and attach"
 umount /mnt/fs
 nbd-client -d /dev/nbd0
 tenantfs stats | grep -q "nbd unix:/tmp/v.sock" && echo "stats show the volume"
-"#;
-    let (ok, console) = run_in_vm(
-        &script,
+"#,
         &[
-            BIN,
             "/usr/sbin/nbd-client",
             "/usr/sbin/mkfs.ext4",
             "/usr/sbin/e2fsck",
         ],
-        Some(&disk),
+        &[
+            "files: 42",
+            "e2fsck clean",
+            "same files after detach and attach",
+            "stats show the volume",
+        ],
     );
-    assert!(ok, "{console}");
-    for want in [
-        "files: 42",
-        "e2fsck clean",
-        "same files after detach and attach",
-        "stats show the volume",
-    ] {
-        assert!(console.contains(want), "no {want:?} in:\n{console}");
-    }
 }

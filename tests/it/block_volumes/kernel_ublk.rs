@@ -4,16 +4,12 @@
 //! device, and the job, which never saw the device go, completes without an error; so does
 //! one across a daemon stopped with SIGTERM and started again.
 
-use super::VM_SETUP;
-use crate::common::process::BIN;
-use crate::vm::{ext4_image, run_in_vm};
+use super::in_vm;
 
 #[test]
 fn a_ublk_device_takes_an_ext4_that_survives_detach_and_attach() {
-    let dir = tempfile::tempdir().unwrap();
-    let disk = ext4_image(dir.path(), 2 << 30);
-    let script = VM_SETUP.to_owned()
-        + r#"
+    let console = in_vm(
+        r#"
 tenantfs volume create v --size 256M >/dev/null
 start_daemon
 tenantfs volume attach v --ublk
@@ -37,35 +33,27 @@ mount /dev/ublkb0 /mnt/fs
 sums | cmp - /tmp/sums && echo "same files after detach and attach"
 umount /mnt/fs
 tenantfs volume detach v
-"#;
-    let (ok, console) = run_in_vm(
-        &script,
-        &[BIN, "/usr/sbin/mkfs.ext4", "/usr/sbin/e2fsck"],
-        Some(&disk),
+"#,
+        &["/usr/sbin/mkfs.ext4", "/usr/sbin/e2fsck"],
+        &[
+            "size: 268435456",
+            "files: 42",
+            "detach refused while mounted",
+            "e2fsck clean",
+            "stats show the device",
+            "list shows the device",
+            "device gone after detach",
+            "same files after detach and attach",
+        ],
     );
-    assert!(ok, "{console}");
-    for want in [
-        "size: 268435456",
-        "files: 42",
-        "detach refused while mounted",
-        "e2fsck clean",
-        "stats show the device",
-        "list shows the device",
-        "device gone after detach",
-        "same files after detach and attach",
-    ] {
-        assert!(console.contains(want), "no {want:?} in:\n{console}");
-    }
     // fstrim went down to the device as DISCARDs.
     assert!(console.contains("/mnt/fs: "), "{console}");
 }
 
 #[test]
 fn a_daemon_killed_or_stopped_during_fio_verify_recovers_the_device_and_the_job_passes() {
-    let dir = tempfile::tempdir().unwrap();
-    let disk = ext4_image(dir.path(), 2 << 30);
-    let script = VM_SETUP.to_owned()
-        + r#"
+    in_vm(
+        r#"
 tenantfs volume create v --size 128M >/dev/null
 start_daemon
 tenantfs volume attach v --ublk
@@ -96,19 +84,17 @@ start_daemon
 wait $FIO && grep -q "err= 0" /tmp/fio2.out && echo "second fio passed"
 tenantfs stats | grep -q "ublk /dev/ublkb0" && echo "stats show the device"
 tenantfs volume detach v
-"#;
-    let (ok, console) = run_in_vm(&script, &[BIN, "/usr/bin/fio"], Some(&disk));
-    assert!(ok, "{console}");
-    for want in [
-        "fio running at the kill",
-        "daemon recovered the device",
-        "fio passed",
-        "no fio errors",
-        "fio running at the stop",
-        "the stopping daemon kept the device",
-        "second fio passed",
-        "stats show the device",
-    ] {
-        assert!(console.contains(want), "no {want:?} in:\n{console}");
-    }
+"#,
+        &["/usr/bin/fio"],
+        &[
+            "fio running at the kill",
+            "daemon recovered the device",
+            "fio passed",
+            "no fio errors",
+            "fio running at the stop",
+            "the stopping daemon kept the device",
+            "second fio passed",
+            "stats show the device",
+        ],
+    );
 }

@@ -44,6 +44,23 @@ fill_tree() {
 }
 "#;
 
+/// Runs `body` after [`VM_SETUP`] in the VM, with its data disk and `programs` besides
+/// `tenantfs`: the script must succeed and its console show every one of `wants`; returns the
+/// console.
+fn in_vm(body: &str, programs: &[&str], wants: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = crate::vm::ext4_image(dir.path(), 2 << 30);
+    let programs: Vec<&str> = std::iter::once(crate::common::process::BIN)
+        .chain(programs.iter().copied())
+        .collect();
+    let (ok, console) = crate::vm::run_in_vm(&(VM_SETUP.to_owned() + body), &programs, Some(&disk));
+    assert!(ok, "{console}");
+    for want in wants {
+        assert!(console.contains(want), "no {want:?} in:\n{console}");
+    }
+    console
+}
+
 fn listed(h: &Host, name: &str) -> Option<serde_json::Value> {
     let v: serde_json::Value = serde_json::from_str(&h.ok(&["volume", "list", "--json"])).unwrap();
     v.as_array()
