@@ -1,10 +1,11 @@
-//! One block volume served three ways in the same VM run (the VM harness: Debian's cloud
+//! One block volume served four ways in the same VM run (the VM harness: Debian's cloud
 //! kernel under qemu's TCG, which has ublk and nbd; this host has neither): as /dev/ublkb0
-//! (ublk), as /dev/nbd0 (the kernel's NBD client on the daemon's unix socket export), and as
-//! FUSE + loop (the volume mounted, its device file behind a loop device with direct I/O).
+//! (ublk), as /dev/nbd0 set up by `nbd-client` on the daemon's unix socket export (NBD), as
+//! /dev/nbd0 set up by the daemon itself (`--nbd-device`: one connection, logged writes), and
+//! as FUSE + loop (the volume mounted, its device file behind a loop device with direct I/O).
 //! TCG emulates every instruction, so absolute numbers mean nothing: the ratios to FUSE+loop,
-//! measured minutes apart on the same emulated machine (each way twice, in the order A B C C
-//! B A, the mean of the two), are the result.
+//! measured minutes apart on the same emulated machine (each way twice, in the order A B C D
+//! D C B A, the mean of the two), are the result.
 //!
 //! Jobs (fio, libaio, O_DIRECT, SECONDS each over a 256 MiB region written once first, the
 //! store then synced and left to settle):
@@ -25,7 +26,13 @@ const JOBS: [(&str, &str); 5] = [
     ("1M seq read QD4", "--rw=read --bs=1M --iodepth=4"),
     ("1M seq write QD4", "--rw=write --bs=1M --iodepth=4"),
 ];
-const WAYS: [&str; 3] = ["ublk", "nbd", "loop"];
+/// Each way's name in the VM's output and its column heading.
+const WAYS: [(&str, &str); 4] = [
+    ("ublk", "ublk"),
+    ("nbd", "NBD"),
+    ("nbddev", "nbd device"),
+    ("loop", "FUSE+loop"),
+];
 
 /// The VM's script: each way's device, the layout write, then every job, fio's JSON printed
 /// between markers.
@@ -68,6 +75,11 @@ nbd() {{
   nbd-client -d /dev/nbd0
   tenantfs volume detach v
 }}
+nbd_device() {{
+  tenantfs volume attach v --nbd-device
+  suite /dev/nbd0 nbddev
+  tenantfs volume detach v
+}}
 fuse_loop() {{
   tenantfs mount v /mnt/v
   dev=$(/usr/local/bin/losetup -f --show --direct-io=on /mnt/v/device)
@@ -75,9 +87,9 @@ fuse_loop() {{
   /usr/local/bin/losetup -d $dev
   tenantfs umount /mnt/v
 }}
-# Each way twice, in the order A B C C B A: what runs earlier or later (a warmer host page
-# cache under the VM's disk, the store's background work) favours no way.
-ublk; nbd; fuse_loop; fuse_loop; nbd; ublk
+# Each way twice, in the order A B C D D C B A: what runs earlier or later (a warmer host
+# page cache under the VM's disk, the store's background work) favours no way.
+ublk; nbd; nbd_device; fuse_loop; fuse_loop; nbd_device; nbd; ublk
 "#
     )
 }
@@ -169,33 +181,42 @@ fn main() {
         let mut words = rest.splitn(3, ' ');
         let (way, job) = (words.next().unwrap(), words.next().unwrap());
         let next = console.lines().skip_while(|l| *l != line).nth(1).unwrap();
-        let w = WAYS.iter().position(|x| *x == way).expect("a known way");
+        let w = WAYS.iter().position(|x| x.0 == way).expect("a known way");
         results[w][job.parse::<usize>().unwrap()].add(measured(next.trim_end_matches('\r')));
     }
     println!(
         "one 512 MiB volume in the VM (qemu TCG, 2 vCPUs), 256 MiB region, {seconds} s per job, \
-         fio libaio O_DIRECT; ublk: /dev/ublkb0; NBD: /dev/nbd0 on the daemon's unix socket \
-         (2 connections); FUSE+loop: loop (direct I/O) over the volume's device file in its \
-         FUSE mount; each way run twice (order A B C C B A), the mean shown; ratios are IOPS \
-         over FUSE+loop's"
+         fio libaio O_DIRECT; ublk: /dev/ublkb0; NBD: /dev/nbd0 by nbd-client on the daemon's \
+         unix socket (2 connections); nbd device: /dev/nbd0 set up by the daemon \
+         (--nbd-device); FUSE+loop: loop (direct I/O) over the volume's device file in its \
+         FUSE mount; each way run twice (order A B C D D C B A), the mean shown; ratios are \
+         IOPS over FUSE+loop's"
     );
-    println!("| job | ublk | NBD | FUSE+loop | ublk / loop | NBD / loop |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    let (heads, loop_way) = (WAYS.map(|w| w.1), WAYS.len() - 1);
+    let others = &heads[..loop_way];
+    println!(
+        "| job | {} | {} |",
+        heads.join(" | "),
+        others
+            .iter()
+            .map(|h| format!("{h} / loop"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    println!("|---|{}", "---:|".repeat(heads.len() + others.len()));
     let cell = |m: &Measured| format!("{:.0} IOPS, p50 {:.0} us", m.iops, m.p50_us);
     for (j, (name, _)) in JOBS.iter().enumerate() {
-        let (u, n, l) = (
-            &results[0][j].mean(),
-            &results[1][j].mean(),
-            &results[2][j].mean(),
-        );
-        assert_eq!((u.runs, n.runs, l.runs), (2, 2, 2), "a run is missing");
+        let means: Vec<Measured> = results.iter().map(|r| r[j].mean()).collect();
+        assert!(means.iter().all(|m| m.runs == 2), "a run is missing");
+        let cells: Vec<String> = means.iter().map(cell).collect();
+        let ratios: Vec<String> = means[..loop_way]
+            .iter()
+            .map(|m| format!("{:.2}", m.iops / means[loop_way].iops))
+            .collect();
         println!(
-            "| {name} | {} | {} | {} | {:.2} | {:.2} |",
-            cell(u),
-            cell(n),
-            cell(l),
-            u.iops / l.iops,
-            n.iops / l.iops
+            "| {name} | {} | {} |",
+            cells.join(" | "),
+            ratios.join(" | ")
         );
     }
 }

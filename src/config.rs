@@ -34,7 +34,7 @@ pub struct Config {
     pub volumes: Vec<VolumeConfig>,
 }
 
-/// One `[[volume]]` entry: `nbd = "ADDR"` or `ublk = true`, one of them.
+/// One `[[volume]]` entry: `nbd = "ADDR"`, `ublk = true` or `nbd_device = true`, one of them.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VolumeConfig {
@@ -44,6 +44,17 @@ pub struct VolumeConfig {
     /// As /dev/ublkbN.
     #[serde(default)]
     pub ublk: bool,
+    /// As /dev/nbdN (the kernel's NBD client on the daemon's own server).
+    #[serde(default)]
+    pub nbd_device: bool,
+}
+
+impl VolumeConfig {
+    /// How it is served (the config was validated: exactly one way).
+    pub fn via(&self) -> crate::control::AttachVia {
+        crate::control::AttachVia::of(self.nbd.clone(), self.ublk, self.nbd_device)
+            .unwrap_or(crate::control::AttachVia::Ublk)
+    }
 }
 
 /// `[metrics]`: the daemon's metrics endpoint (OpenMetrics text, which Prometheus scrapes).
@@ -194,8 +205,8 @@ impl Config {
                     v.name
                 )));
             }
-            match (&v.nbd, v.ublk) {
-                (Some(nbd), false) => {
+            match (&v.nbd, v.ublk, v.nbd_device) {
+                (Some(nbd), false, false) => {
                     let problem = match crate::nbd::NbdAddress::parse(nbd) {
                         Err(e) => Some(e.to_string()),
                         Ok(crate::nbd::NbdAddress::Unix(p)) if p.is_relative() => {
@@ -207,11 +218,11 @@ impl Config {
                         return Err(invalid(format!("volume {}: nbd = {nbd:?}: {e}", v.name)));
                     }
                 }
-                (None, true) => {}
+                (None, true, false) | (None, false, true) => {}
                 _ => {
                     return Err(invalid(format!(
-                        "volume {}: say how to serve it: nbd = \"unix:/PATH\" or ublk = true, \
-                         one of them",
+                        "volume {}: say how to serve it: nbd = \"unix:/PATH\", ublk = true or \
+                         nbd_device = true, one of them",
                         v.name
                     )))
                 }
@@ -262,16 +273,25 @@ mod tests {
             "mountpoint missing"
         );
         let c = Config::parse(
-            "[[volume]]\nname = \"v\"\nublk = true\n[[volume]]\nname = \"w\"\nnbd = \"unix:/run/w.sock\"\n",
+            "[[volume]]\nname = \"v\"\nublk = true\n[[volume]]\nname = \"w\"\nnbd = \"unix:/run/w.sock\"\n\
+             [[volume]]\nname = \"x\"\nnbd_device = true\n",
             p,
         )
         .unwrap();
-        assert_eq!(c.volumes.len(), 2);
-        assert!(c.volumes[0].ublk && c.volumes[0].nbd.is_none());
-        assert_eq!(c.volumes[1].nbd.as_deref(), Some("unix:/run/w.sock"));
+        use crate::control::AttachVia;
+        let via: Vec<AttachVia> = c.volumes.iter().map(VolumeConfig::via).collect();
+        assert_eq!(
+            via,
+            [
+                AttachVia::Ublk,
+                AttachVia::Nbd("unix:/run/w.sock".into()),
+                AttachVia::NbdDevice
+            ]
+        );
         for bad in [
             "name = \"v\"\n",
             "name = \"v\"\nublk = true\nnbd = \"unix:/x\"\n",
+            "name = \"v\"\nublk = true\nnbd_device = true\n",
             "name = \"v\"\nnbd = \"unix:rel.sock\"\n",
             "name = \"v\"\nnbd = \"0.0.0.0:10809\"\n",
             "name = \"v\"\nublk = true\n[[volume]]\nname = \"v\"\nublk = true\n",

@@ -83,9 +83,12 @@ fn run(cli: Cli) -> Result<()> {
             cli::volume::resize(&cli, name, *size, *shrink)
         }
         Command::Volume(VolumeCommand::Delete { name }) => cli::volume::delete(&cli, name),
-        Command::Volume(VolumeCommand::Attach { name, nbd, ublk }) => {
-            cli::volume::attach(&cli, name, nbd.as_deref(), *ublk)
-        }
+        Command::Volume(VolumeCommand::Attach {
+            name,
+            nbd,
+            ublk,
+            nbd_device,
+        }) => cli::volume::attach(&cli, name, nbd.as_deref(), *ublk, *nbd_device),
         Command::Volume(VolumeCommand::Detach { name }) => cli::volume::detach(&cli, name),
     }
 }

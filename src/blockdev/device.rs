@@ -13,6 +13,8 @@ use crate::volume::{Fallocate, FileKind, SetAttr, Volume, VolumeError, ROOT_INO}
 /// mount sends, so a device write takes the same path (bulk writes into extent files, reads
 /// in one batch of lookups) as a file write.
 const PIECE: usize = 1 << 20;
+/// The pieces of a logged write: below the volume's unlogged-write size.
+const LOGGED_PIECE: usize = crate::volume::UNLOGGED_WRITE_MIN / 2;
 
 /// Why a device request failed.
 #[derive(Debug, thiserror::Error)]
@@ -163,12 +165,33 @@ impl BlockDevice {
         })
     }
 
-    /// Writes `data` at `offset`; with `fua`, durable before it returns.
+    /// Writes `data` at `offset`; with `fua`, durable before it returns. Without it, a
+    /// bulk write (256 KiB and more) is durable at the next flush, like a disk's volatile
+    /// cache: what NBD and FUSE promise.
     pub fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceIoError> {
+        self.write_in(PIECE, offset, data, fua)
+    }
+
+    /// Writes `data` at `offset` in pieces small enough to go through the store's WAL, so
+    /// that once it returns the write is in the kernel: it survives this process dying
+    /// (surviving the machine's crash still takes a flush or `fua`). For clients that
+    /// outlive the server and so cannot tell it died: a kernel device held across a daemon
+    /// restart. Costs a second copy of bulk data (the WAL's).
+    pub fn write_logged(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceIoError> {
+        self.write_in(LOGGED_PIECE, offset, data, fua)
+    }
+
+    fn write_in(
+        &self,
+        piece_len: usize,
+        offset: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), DeviceIoError> {
         self.counted(Op::Write, || {
             self.check(offset, data.len() as u64)?;
             let mut at = offset;
-            for piece in data.chunks(PIECE) {
+            for piece in data.chunks(piece_len) {
                 self.volume.write(self.ino, at, piece)?;
                 at += piece.len() as u64;
             }

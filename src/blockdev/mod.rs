@@ -10,7 +10,7 @@
 //! volume be mounted through FUSE for a loop device where a comparison needs one.
 //!
 //! `volumes` creates, lists, resizes and deletes them; `device` is the open device the
-//! servers (`nbd`, and ublk next) read and write.
+//! servers (`nbd`, `ublk`) read and write.
 
 mod device;
 mod volumes;
@@ -24,6 +24,19 @@ pub const DEVICE_FILE: &[u8] = b"device";
 pub const SECTOR: u64 = 512;
 /// The largest device (offsets stay well within a file's `i64` range).
 pub const MAX_DEVICE_SIZE: u64 = 1 << 60;
+
+/// Whether kernel block device `path` (/dev/ublkbN, /dev/nbdN) is mounted or held open
+/// exclusively: an exclusive open fails with EBUSY then.
+pub fn is_held(path: &str) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    matches!(
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_EXCL)
+            .open(path),
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY)
+    )
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlockDevError {

@@ -106,8 +106,9 @@ pub enum VolumeCommand {
     },
     /// Delete volume NAME and its data (detached).
     Delete { name: String },
-    /// Serve volume NAME through the daemon: as /dev/ublkbN (--ublk), or over NBD at ADDR
-    /// (unix:PATH or a loopback HOST:PORT; port 0 picks a free one).
+    /// Serve volume NAME through the daemon: as /dev/ublkbN (--ublk), as /dev/nbdN
+    /// (--nbd-device), or over NBD at ADDR (unix:PATH or a loopback HOST:PORT; port 0 picks a
+    /// free one).
     Attach {
         name: String,
         #[arg(long, value_name = "ADDR")]
@@ -116,9 +117,13 @@ pub enum VolumeCommand {
         /// restart (its I/O is held meanwhile) until `volume detach`.
         #[arg(long, conflicts_with = "nbd")]
         ublk: bool,
+        /// As block device /dev/nbdN (the kernel's NBD client, for kernels without ublk); it
+        /// survives a daemon restart (its I/O is held meanwhile) until `volume detach`.
+        #[arg(long, conflicts_with_all = ["nbd", "ublk"])]
+        nbd_device: bool,
     },
-    /// Stop serving volume NAME (NBD clients are disconnected, a ublk device is deleted,
-    /// refused while mounted; the store is synced and closed).
+    /// Stop serving volume NAME (NBD clients are disconnected, a device is deleted, refused
+    /// while mounted; the store is synced and closed).
     Detach { name: String },
 }
 

@@ -4,6 +4,7 @@
 use anyhow::{Context, Result};
 use tenantfs::blockdev;
 use tenantfs::control::replies::VolumeReport;
+use tenantfs::control::AttachVia;
 use tenantfs::nbd::NbdAddress;
 use tenantfs::units::ByteSize;
 
@@ -18,7 +19,7 @@ pub fn create(cli: &Cli, name: &str, size: Option<ByteSize>, base: Option<&str>)
     let size = info.device_size.unwrap_or(0);
     println!(
         "created volume {name} ({}, block size {}{}, encrypted); serve it with `tenantfs \
-         volume attach {name} --ublk` or `--nbd ADDR`",
+         volume attach {name} --ublk`, `--nbd-device` or `--nbd ADDR`",
         ByteSize(size),
         ByteSize(info.block_size.into()),
         base.map(|b| format!(", from base {b}, copy on write"))
@@ -78,10 +79,10 @@ pub fn list(cli: &Cli, json: bool) -> Result<()> {
 
 /// Where an attached volume is served, as `list` and `stats` show it.
 pub fn attached_at(a: &VolumeReport) -> String {
-    if a.served.kind == "ublk" {
-        format!("ublk {}", a.served.address)
-    } else {
+    if a.served.kind == "nbd" {
         format!("nbd {} ({} clients)", a.served.address, a.connections)
+    } else {
+        format!("{} {}", a.served.kind, a.served.address)
     }
 }
 
@@ -110,7 +111,13 @@ pub fn delete(cli: &Cli, name: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn attach(cli: &Cli, name: &str, nbd: Option<&str>, ublk: bool) -> Result<()> {
+pub fn attach(
+    cli: &Cli,
+    name: &str,
+    nbd: Option<&str>,
+    ublk: bool,
+    nbd_device: bool,
+) -> Result<()> {
     // The daemon runs elsewhere: a relative socket path is made absolute here.
     let address = match nbd {
         Some(nbd) => Some(
@@ -119,11 +126,13 @@ pub fn attach(cli: &Cli, name: &str, nbd: Option<&str>, ublk: bool) -> Result<()
                 .context("cannot resolve the socket path")?
                 .to_string(),
         ),
-        None if ublk => None,
-        None => anyhow::bail!(
-            "say how to serve volume {name}: --ublk (as /dev/ublkbN), --nbd unix:PATH or --nbd \
-             127.0.0.1:PORT"
-        ),
+        None => None,
+    };
+    let Some(via) = AttachVia::of(address, ublk, nbd_device) else {
+        anyhow::bail!(
+            "say how to serve volume {name}: --ublk (as /dev/ublkbN), --nbd-device (as \
+             /dev/nbdN), --nbd unix:PATH or --nbd 127.0.0.1:PORT"
+        );
     };
     let Some(daemon) = cli.live_daemon() else {
         anyhow::bail!(
@@ -133,23 +142,23 @@ pub fn attach(cli: &Cli, name: &str, nbd: Option<&str>, ublk: bool) -> Result<()
         );
     };
     let r = daemon
-        .volume_attach(name, address.as_deref())
+        .volume_attach(name, &via)
         .map_err(daemon_error)?
         .served;
-    if r.kind == "ublk" {
-        println!(
-            "attached volume {} ({}) as {}",
-            r.volume,
-            ByteSize(r.size_bytes),
-            r.address
-        );
-    } else {
+    if r.kind == "nbd" {
         println!(
             "attached volume {} ({}) over NBD at {}  [{}]",
             r.volume,
             ByteSize(r.size_bytes),
             r.address,
             r.uri
+        );
+    } else {
+        println!(
+            "attached volume {} ({}) as {}",
+            r.volume,
+            ByteSize(r.size_bytes),
+            r.address
         );
     }
     Ok(())

@@ -5,7 +5,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::protocol::{Refusal, Reply, Request, Response};
+use super::protocol::{AttachVia, Refusal, Reply, Request, Response};
 use super::replies::{
     CacheReleaseReply, CacheReport, MountReply, StatsReply, TenantListReply, UmountReply,
     VolumeAttachReply, VolumeDetachReply,
@@ -102,18 +102,13 @@ impl Client {
         call!(self, Request::TenantList, TenantList)
     }
 
-    /// Attaches `volume` over NBD at `nbd`, or (`None`) as a ublk device.
+    /// Attaches `volume` as `via` says.
     pub fn volume_attach(
         &self,
         volume: &str,
-        nbd: Option<&str>,
+        via: &AttachVia,
     ) -> Result<VolumeAttachReply, ControlError> {
-        let req = Request::VolumeAttach {
-            volume: volume.to_owned(),
-            nbd: nbd.map(str::to_owned),
-            ublk: nbd.is_none(),
-        };
-        call!(self, req, VolumeAttach)
+        call!(self, Request::volume_attach(volume, via), VolumeAttach)
     }
 
     pub fn volume_detach(&self, volume: &str) -> Result<VolumeDetachReply, ControlError> {

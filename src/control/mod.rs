@@ -13,7 +13,7 @@ pub mod replies;
 mod server;
 
 pub use client::{serving_sockets, Client, ControlError};
-pub use protocol::{Refusal, RefusalCode, Reply, Request, Response};
+pub use protocol::{AttachVia, Refusal, RefusalCode, Reply, Request, Response};
 pub use server::{Handler, Server};
 
 use std::path::{Path, PathBuf};

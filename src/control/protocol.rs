@@ -35,16 +35,67 @@ pub enum Request {
     /// The tenants this process serves, each with its mountpoints.
     TenantList,
     /// Serve block volume `volume` (daemon only): over NBD at `nbd` (`unix:PATH` absolute,
-    /// or a loopback `HOST:PORT`), or with `ublk` as /dev/ublkbN; one of the two.
+    /// or a loopback `HOST:PORT`), with `ublk` as /dev/ublkbN, or with `nbd_device` as
+    /// /dev/nbdN; one of the three (see [`AttachVia`]).
     VolumeAttach {
         volume: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         nbd: Option<String>,
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         ublk: bool,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        nbd_device: bool,
     },
     /// Stop serving block volume `volume` (its store is synced and closed).
     VolumeDetach { volume: String },
+}
+
+/// How a block volume is to be served.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttachVia {
+    /// An NBD export at this address (`unix:PATH` or a loopback `HOST:PORT`).
+    Nbd(String),
+    /// A ublk device, /dev/ublkbN.
+    Ublk,
+    /// A kernel NBD device, /dev/nbdN, set up by the daemon on its own NBD server.
+    NbdDevice,
+}
+
+impl AttachVia {
+    /// The way a `VolumeAttach` request's fields say, if they say exactly one.
+    pub fn of(nbd: Option<String>, ublk: bool, nbd_device: bool) -> Option<Self> {
+        match (nbd, ublk, nbd_device) {
+            (Some(a), false, false) => Some(AttachVia::Nbd(a)),
+            (None, true, false) => Some(AttachVia::Ublk),
+            (None, false, true) => Some(AttachVia::NbdDevice),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for AttachVia {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AttachVia::Nbd(a) => write!(f, "nbd {a}"),
+            AttachVia::Ublk => f.write_str("ublk"),
+            AttachVia::NbdDevice => f.write_str("nbd device"),
+        }
+    }
+}
+
+impl Request {
+    /// The request that attaches `volume` as `via` says.
+    pub fn volume_attach(volume: &str, via: &AttachVia) -> Self {
+        Request::VolumeAttach {
+            volume: volume.to_owned(),
+            nbd: match via {
+                AttachVia::Nbd(a) => Some(a.clone()),
+                _ => None,
+            },
+            ublk: *via == AttachVia::Ublk,
+            nbd_device: *via == AttachVia::NbdDevice,
+        }
+    }
 }
 
 /// The answer to one request: `cache_stats` and `cache_budget` both answer [`Reply::Cache`].

@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::control::replies::MountReply;
-use crate::control::{self, Refusal, Reply, Request, Server};
+use crate::control::{self, AttachVia, Refusal, Reply, Request, Server};
 use crate::data_dir::DataDir;
 use crate::fuse::MountOptions;
-use crate::host::{absolute, lock, AttachVia, HostError, Role, ServingHost};
+use crate::host::{absolute, lock, HostError, Role, ServingHost};
 
 pub use notify::notify_systemd;
 use waiting::WaitingMount;
@@ -110,10 +110,7 @@ impl Daemon {
     /// [`Self::supervise`].
     fn attach_configured(&self, entries: &[crate::config::VolumeConfig]) {
         for v in entries {
-            let via = match &v.nbd {
-                Some(a) => AttachVia::Nbd(a.clone()),
-                None => AttachVia::Ublk,
-            };
+            let via = v.via();
             if let Err(error) = self.attach_configured_volume(&v.name, &via) {
                 tracing::error!(volume = %v.name, %via, %error,
                     "cannot attach a configured volume; retrying until it attaches");
@@ -262,11 +259,9 @@ impl Daemon {
                     .collect();
                 Ok(Reply::Stats(stats))
             }
-            Request::VolumeAttach { volume, nbd, ublk } => {
+            Request::VolumeAttach { ref volume, .. } => {
                 let name = volume.clone();
-                let reply = self
-                    .host
-                    .handle(Request::VolumeAttach { volume, nbd, ublk })?;
+                let reply = self.host.handle(req)?;
                 // Attached by hand while its configured entry waited: nothing left to retry.
                 lock(&self.waiting_volumes).remove(&name);
                 Ok(reply)

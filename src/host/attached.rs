@@ -1,18 +1,20 @@
-//! The block volumes a host serves, each as an NBD export or a ublk device: one table, so
-//! attach refuses a volume served either way, `stats` reports both and shutdown knows what
-//! each needs (an export closes; a ublk device is kept for the next daemon to recover).
+//! The block volumes a host serves, each as an NBD export, a ublk device or a kernel nbd
+//! device: one table, so attach refuses a volume served any way, `stats` reports all and
+//! shutdown knows what each needs (an export closes; a device is kept for the next daemon to
+//! recover).
 
 use std::sync::Arc;
 
 use crate::blockdev::BlockDevice;
 use crate::control::replies::{VolumeReport, VolumeServed};
-use crate::nbd::NbdExport;
-use crate::ublk::{UblkServeError, UblkTarget};
+use crate::nbd::{NbdExport, NbdKernelDevice};
+use crate::ublk::UblkTarget;
 
 /// One attached volume.
 pub enum Attached {
     Nbd(NbdExport),
     Ublk(UblkTarget),
+    NbdDevice(NbdKernelDevice),
 }
 
 impl Attached {
@@ -20,58 +22,63 @@ impl Attached {
         match self {
             Attached::Nbd(e) => e.device(),
             Attached::Ublk(t) => t.device(),
+            Attached::NbdDevice(d) => d.device(),
         }
     }
 
-    /// "nbd" or "ublk".
+    /// "nbd", "ublk" or "nbd-device".
     pub fn kind(&self) -> &'static str {
         match self {
             Attached::Nbd(_) => "nbd",
             Attached::Ublk(_) => "ublk",
+            Attached::NbdDevice(_) => "nbd-device",
         }
     }
 
-    /// Where clients find it: the export's address, or /dev/ublkbN.
+    /// Where clients find it: the export's address, or the device's path.
     pub fn address(&self) -> String {
         match self {
             Attached::Nbd(e) => e.address().to_string(),
             Attached::Ublk(t) => t.path(),
+            Attached::NbdDevice(d) => d.path(),
         }
     }
 
-    /// The NBD URI (empty for a ublk device).
+    /// The NBD URI (empty for a device).
     pub fn uri(&self) -> String {
         match self {
             Attached::Nbd(e) => e.address().uri(),
-            Attached::Ublk(_) => String::new(),
+            Attached::Ublk(_) | Attached::NbdDevice(_) => String::new(),
         }
     }
 
-    /// NBD client connections (a ublk device has none).
+    /// NBD client connections (a device has none to show).
     pub fn connections(&self) -> usize {
         match self {
             Attached::Nbd(e) => e.connections(),
-            Attached::Ublk(_) => 0,
+            Attached::Ublk(_) | Attached::NbdDevice(_) => 0,
         }
     }
 
     /// Stops serving for `volume detach`: the connections closed (an export), or the device
-    /// deleted (refused while it is mounted). Returns the connections closed.
-    pub fn detach(&mut self) -> Result<usize, UblkServeError> {
+    /// deleted or disconnected (refused while it is mounted). Returns the connections closed.
+    pub fn detach(&mut self) -> Result<usize, String> {
         match self {
             Attached::Nbd(e) => Ok(e.stop()),
-            Attached::Ublk(t) => t.stop().map(|()| 0),
+            Attached::Ublk(t) => t.stop().map(|()| 0).map_err(|e| e.to_string()),
+            Attached::NbdDevice(d) => d.stop().map(|()| 0).map_err(|e| e.to_string()),
         }
     }
 
-    /// Stops serving as the daemon exits: an export closes; a ublk device stays, its I/O
-    /// held by the kernel until the next daemon recovers it.
+    /// Stops serving as the daemon exits: an export closes; a device stays, its I/O held by
+    /// the kernel until the next daemon recovers it.
     pub fn shut_down(&mut self) {
         match self {
             Attached::Nbd(e) => {
                 e.stop();
             }
             Attached::Ublk(t) => t.suspend(),
+            Attached::NbdDevice(d) => d.suspend(),
         }
     }
 

@@ -20,11 +20,12 @@ use crate::control::replies::{
     CacheReleaseReply, CacheReport, MountReply, MountReport, ServedTenant, StatsReply,
     TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply, VolumeReport,
 };
+pub use crate::control::AttachVia;
 use crate::control::{Refusal, RefusalCode, Reply, Request};
 use crate::data_dir::DataDir;
 use crate::fuse::{MountError, MountOptions, Session};
 use crate::metrics::{self, HostNumbers, MountMetrics};
-use crate::nbd::{NbdAddress, NbdExport};
+use crate::nbd::{NbdAddress, NbdExport, NbdKernelDevice};
 use crate::pressure::{Governor, GovernorConfig};
 use crate::store::StoreHost;
 use crate::tenants::{self, TenantError};
@@ -90,24 +91,6 @@ type Sessions = Arc<Mutex<BTreeMap<PathBuf, Arc<Session>>>>;
 
 /// The attached block volumes by name, shared with the metrics collector.
 type Exports = Arc<Mutex<BTreeMap<String, Attached>>>;
-
-/// How a volume is to be served.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum AttachVia {
-    /// An NBD export at this address (`unix:PATH` or a loopback `HOST:PORT`).
-    Nbd(String),
-    /// A ublk device, /dev/ublkbN.
-    Ublk,
-}
-
-impl std::fmt::Display for AttachVia {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            AttachVia::Nbd(a) => write!(f, "nbd {a}"),
-            AttachVia::Ublk => f.write_str("ublk"),
-        }
-    }
-}
 
 /// Locks `m`, going on past a poisoned lock (a panic while serving one request fails that
 /// request only; the tables it guards stay usable).
@@ -322,7 +305,7 @@ impl ServingHost {
         let failed = |e: String| Refusal::new(RefusalCode::AttachFailed, e);
         let address = match via {
             AttachVia::Nbd(nbd) => Some(NbdAddress::parse(nbd).map_err(|e| failed(e.to_string()))?),
-            AttachVia::Ublk => None,
+            AttachVia::Ublk | AttachVia::NbdDevice => None,
         };
         if let Some(NbdAddress::Unix(p)) = &address {
             if p.is_relative() {
@@ -353,13 +336,20 @@ impl ServingHost {
             }
         }
         // The volume opens outside the exports' lock (it may wait for an exiting holder).
-        let started = self.open_device(volume).and_then(|d| match &address {
-            Some(a) => NbdExport::start(d, a)
-                .map(Attached::Nbd)
-                .map_err(|e| format!("cannot attach volume {volume}: {e}")),
-            None => UblkTarget::start(d, self.data.root())
-                .map(Attached::Ublk)
-                .map_err(|e| format!("cannot attach volume {volume}: {e}")),
+        let started = self.open_device(volume).and_then(|d| {
+            let root = self.data.root();
+            match &address {
+                Some(a) => NbdExport::start(d, a)
+                    .map(Attached::Nbd)
+                    .map_err(|e| e.to_string()),
+                None if *via == AttachVia::Ublk => UblkTarget::start(d, root)
+                    .map(Attached::Ublk)
+                    .map_err(|e| e.to_string()),
+                None => NbdKernelDevice::attach(d, root)
+                    .map(Attached::NbdDevice)
+                    .map_err(|e| e.to_string()),
+            }
+            .map_err(|e| format!("cannot attach volume {volume}: {e}"))
         });
         lock(&self.attaching).remove(volume);
         let attached = started.map_err(failed)?;
@@ -377,26 +367,35 @@ impl ServingHost {
         BlockDevice::new(v).map(Arc::new).map_err(|e| e.to_string())
     }
 
-    /// Takes over the ublk devices a previous daemon of this data dir left (killed, or
-    /// stopped with them attached): their held I/O is reissued to this one. A device that
-    /// cannot be recovered is logged and left as it is (its I/O stays held; `volume attach`
-    /// or a restart tries again).
+    /// Takes over the ublk and nbd devices a previous daemon of this data dir left (killed,
+    /// or stopped with them attached): their held I/O goes to this one. A device that cannot
+    /// be recovered is logged and left as it is (its I/O stays held; a restart tries again).
     pub fn recover_block_devices(&self) {
-        for left in crate::ublk::leftovers(self.data.root()) {
-            let recovered = self.open_device(&left.volume).and_then(|d| {
-                UblkTarget::recover(d, self.data.root(), left.dev_id).map_err(|e| e.to_string())
+        let root = self.data.root();
+        let ublk = crate::ublk::leftovers(root).into_iter().map(|l| {
+            let r = self.open_device(&l.volume).and_then(|d| {
+                UblkTarget::recover(d, root, l.dev_id)
+                    .map(Attached::Ublk)
+                    .map_err(|e| e.to_string())
             });
+            (l.volume, format!("/dev/ublkb{}", l.dev_id), r)
+        });
+        let nbd = crate::nbd::leftovers(root).into_iter().map(|l| {
+            let r = self.open_device(&l.volume).and_then(|d| {
+                NbdKernelDevice::recover(d, root, l.index)
+                    .map(Attached::NbdDevice)
+                    .map_err(|e| e.to_string())
+            });
+            (l.volume, format!("/dev/nbd{}", l.index), r)
+        });
+        for (volume, path, recovered) in ublk.chain(nbd) {
             match recovered {
-                Ok(t) => {
-                    tracing::info!(volume = %left.volume, path = %t.path(), "recovered a ublk device");
-                    lock(&self.exports).insert(left.volume, Attached::Ublk(t));
+                Ok(a) => {
+                    tracing::info!(%volume, %path, "recovered a block device a previous daemon left");
+                    lock(&self.exports).insert(volume, a);
                 }
-                Err(error) => tracing::error!(
-                    volume = %left.volume,
-                    dev_id = left.dev_id,
-                    %error,
-                    "cannot recover a ublk device a previous daemon left; its I/O stays held"
-                ),
+                Err(error) => tracing::error!(%volume, %path, %error,
+                    "cannot recover a block device a previous daemon left; its I/O stays held"),
             }
         }
     }
@@ -577,16 +576,18 @@ impl ServingHost {
             Request::Umount { mountpoint } => Reply::Umount(self.umount(Path::new(&mountpoint))?),
             Request::Stats => Reply::Stats(self.stats()),
             Request::TenantList => Reply::TenantList(self.tenant_list()),
-            Request::VolumeAttach { volume, nbd, ublk } => {
-                let via = match (nbd, ublk) {
-                    (Some(nbd), false) => AttachVia::Nbd(nbd),
-                    (None, true) => AttachVia::Ublk,
-                    _ => {
-                        return Err(Refusal::new(
-                            RefusalCode::AttachFailed,
-                            "say how to serve the volume: an NBD address or ublk, one of them",
-                        ))
-                    }
+            Request::VolumeAttach {
+                volume,
+                nbd,
+                ublk,
+                nbd_device,
+            } => {
+                let Some(via) = AttachVia::of(nbd, ublk, nbd_device) else {
+                    return Err(Refusal::new(
+                        RefusalCode::AttachFailed,
+                        "say how to serve the volume: an NBD address, ublk or an nbd device, \
+                         one of them",
+                    ));
                 };
                 Reply::VolumeAttach(self.attach_volume(&volume, &via)?)
             }

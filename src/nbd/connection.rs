@@ -22,12 +22,14 @@ fn protocol(what: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, what.into())
 }
 
-/// Serves one client until it disconnects (or breaks the protocol, which ends it).
-pub(super) fn serve(stream: Stream, device: &Arc<BlockDevice>) -> io::Result<()> {
+/// Serves one client until it disconnects (or breaks the protocol, which ends it). With
+/// `logged`, every write is in the store's WAL before it is acknowledged (see
+/// [`BlockDevice::write_logged`]): for a client that outlives this server.
+pub(super) fn serve(stream: Stream, device: &Arc<BlockDevice>, logged: bool) -> io::Result<()> {
     let mut reader = BufReader::with_capacity(256 << 10, stream.try_clone()?);
     let mut writer = stream;
     if handshake(&mut reader, &mut writer, device)? {
-        transmit(reader, writer, device)
+        transmit(reader, writer, device, logged)
     } else {
         Ok(())
     }
@@ -148,6 +150,7 @@ fn transmit(
     mut reader: BufReader<Stream>,
     writer: Stream,
     device: &Arc<BlockDevice>,
+    logged: bool,
 ) -> io::Result<()> {
     let writer = Arc::new(Mutex::new(writer));
     let (jobs, queue) = sync_channel::<Job>(WORKERS * 2);
@@ -158,7 +161,7 @@ fn transmit(
             std::thread::spawn(move || {
                 let mut buf = Vec::new();
                 while let Ok(job) = lock(&queue).recv() {
-                    if answer(&device, &job, &writer, &mut buf).is_err() {
+                    if answer(&device, &job, logged, &writer, &mut buf).is_err() {
                         // The client is gone: the reader sees it too and ends the connection.
                         return;
                     }
@@ -204,13 +207,14 @@ fn transmit(
 fn answer(
     device: &BlockDevice,
     job: &Job,
+    logged: bool,
     writer: &Mutex<Stream>,
     buf: &mut Vec<u8>,
 ) -> io::Result<()> {
     let req = job.req;
     // A panic while carrying one out is EIO for that request; the connection goes on.
     let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        carry_out(device, &req, &job.data, buf)
+        carry_out(device, &req, &job.data, logged, buf)
     }));
     let error = match done.unwrap_or(Err(wire::EIO)) {
         Ok(()) => 0,
@@ -243,11 +247,13 @@ fn carry_out(
     device: &BlockDevice,
     req: &Request,
     data: &[u8],
+    logged: bool,
     buf: &mut Vec<u8>,
 ) -> Result<(), u32> {
     let fua = req.flags & wire::CMD_FLAG_FUA != 0;
     let done = match req.kind {
         wire::CMD_READ => device.read(req.offset, req.length, buf),
+        wire::CMD_WRITE if logged => device.write_logged(req.offset, data, fua),
         wire::CMD_WRITE => device.write(req.offset, data, fua),
         wire::CMD_FLUSH => device.flush(),
         wire::CMD_TRIM | wire::CMD_WRITE_ZEROES => {

@@ -9,13 +9,17 @@
 //! order, as the protocol allows); several connections may share one export
 //! (`NBD_FLAG_CAN_MULTI_CONN`: a flush on any makes every completed write durable, since it
 //! syncs the whole store). `wire` is the byte layout, `connection` one client, `address` where
-//! an export listens.
+//! an export listens. `kernel_device` serves a volume as /dev/nbdN through the kernel's own
+//! NBD client, set up over `netlink` by the daemon so the device outlives a daemon restart.
 
 mod address;
 mod connection;
+mod kernel_device;
+mod netlink;
 mod wire;
 
 pub use address::NbdAddress;
+pub use kernel_device::{leftovers, NbdDeviceError, NbdKernelDevice, NbdLeftover};
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -186,7 +190,7 @@ fn accept_loop(listener: Listener, export: Arc<Export>) {
             .name(format!("nbd-{}-conn", export.device.name()))
             .spawn(move || {
                 let peer = stream.peer();
-                match connection::serve(stream, &shared.device) {
+                match connection::serve(stream, &shared.device, false) {
                     Ok(()) => tracing::debug!(peer, "NBD client disconnected"),
                     Err(e) => tracing::info!(peer, error = %e, "NBD connection ended"),
                 }

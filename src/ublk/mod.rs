@@ -243,7 +243,7 @@ impl UblkTarget {
     /// exclusively; otherwise requests in flight are answered and the store synced.
     pub fn stop(&mut self) -> Result<(), UblkServeError> {
         let path = self.path();
-        if in_use(&path) {
+        if crate::blockdev::is_held(&path) {
             return Err(UblkServeError::InUse { path });
         }
         control_ring()?;
@@ -308,18 +308,6 @@ fn check_driver() -> Result<(), UblkServeError> {
     } else {
         Err(UblkServeError::NoDriver)
     }
-}
-
-/// Whether a block device is mounted or held: an exclusive open fails with EBUSY then.
-fn in_use(path: &str) -> bool {
-    use std::os::unix::fs::OpenOptionsExt;
-    matches!(
-        std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_EXCL)
-            .open(path),
-        Err(e) if e.raw_os_error() == Some(libc::EBUSY)
-    )
 }
 
 /// The device's parameters: its size, 4 KiB physical blocks, a volatile cache with FUA (so

@@ -1,7 +1,11 @@
 //! The kernel's NBD client against a volume's export, in the VM (this host's kernel has no
 //! nbd driver): `nbd-client` attaches /dev/nbd0 to the daemon's unix socket, mkfs.ext4 and a
 //! tree of files go on it, e2fsck -fn finds it clean, and after a detach and attach of both
-//! the client and the volume, every file reads back the same.
+//! the client and the volume, every file reads back the same. Then the daemon's own
+//! /dev/nbdN (`--nbd-device`), which passes the same and more: detach refused while mounted,
+//! and a daemon killed with -9 (or stopped) in the middle of a fio verify job and started
+//! again gives the kernel a new socket, and the job completes without an error; so does one
+//! across a daemon frozen past the kernel's request timeout.
 
 use super::in_vm;
 
@@ -40,6 +44,92 @@ tenantfs stats | grep -q "nbd unix:/tmp/v.sock" && echo "stats show the volume"
             "e2fsck clean",
             "same files after detach and attach",
             "stats show the volume",
+        ],
+    );
+}
+
+#[test]
+fn the_daemons_nbd_device_takes_an_ext4_and_survives_a_kill_during_fio_verify() {
+    in_vm(
+        r#"
+tenantfs volume create v --size 256M >/dev/null
+start_daemon
+attach() { tenantfs volume attach v --nbd-device | tee /tmp/attach; DEV=$(sed 's/.* as //' /tmp/attach); }
+attach
+test -b $DEV && echo "size: $(blockdev --getsize64 $DEV)"
+cat /sys/block/${DEV#/dev/}/backend
+mkfs.ext4 -q $DEV
+mount $DEV /mnt/fs
+fill_tree
+tenantfs volume detach v 2>/tmp/err && exit 1
+grep -q "in use" /tmp/err && echo "detach refused while mounted"
+umount /mnt/fs
+e2fsck -fn $DEV && echo "e2fsck clean"
+tenantfs stats | grep -q "nbd-device $DEV" && echo "stats show the device"
+tenantfs volume detach v
+test ! -e /sys/block/${DEV#/dev/}/backend && echo "device disconnected at detach"
+attach
+mount $DEV /mnt/fs
+sums | cmp - /tmp/sums && echo "same files after detach and attach"
+umount /mnt/fs
+fio --name=verify --filename=$DEV --rw=randwrite --bs=4k --size=32M \
+    --ioengine=libaio --iodepth=16 --direct=1 --verify=crc32c --verify_fatal=1 \
+    --verify_state_save=0 --output=/tmp/fio.out &
+FIO=$!
+sleep 2
+kill -0 $FIO && echo "fio running at the kill"
+kill -9 $DAEMON
+sleep 1
+start_daemon
+grep -q "recovered a block device.*$DEV" /tmp/daemon.log && echo "daemon recovered the device"
+wait $FIO && echo "fio passed"
+cat /tmp/fio.out
+grep -q "err= 0" /tmp/fio.out && echo "no fio errors"
+# A daemon frozen past the request timeout: the kernel gives the socket up, the daemon gives
+# it a new one when it runs again, and the requeued requests complete.
+fio --name=frozen --filename=$DEV --rw=randwrite --bs=4k --size=16M --ioengine=libaio \
+    --iodepth=8 --direct=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
+    --output=/tmp/fio3.out &
+FIO=$!
+sleep 1
+kill -STOP $DAEMON
+sleep 7
+kill -CONT $DAEMON
+wait $FIO && grep -q "err= 0" /tmp/fio3.out && echo "fio passed across a frozen daemon"
+grep -q "gave it a new one" /tmp/daemon.log && echo "the daemon replaced the socket"
+# Large writes across a stop: acknowledged means logged, so none is lost with the daemon.
+fio --name=seq --filename=$DEV --rw=write --bs=1M --size=48M --ioengine=libaio \
+    --iodepth=4 --direct=1 --verify=crc32c --verify_fatal=1 --verify_state_save=0 \
+    --output=/tmp/fio2.out &
+FIO=$!
+sleep 2
+kill -0 $FIO && echo "fio running at the stop"
+kill $DAEMON
+while kill -0 $DAEMON 2>/dev/null; do sleep 0.1; done
+grep -q "left for the next daemon" /tmp/daemon.log && echo "the stopping daemon kept the device"
+start_daemon
+wait $FIO && grep -q "err= 0" /tmp/fio2.out && echo "second fio passed"
+tenantfs volume detach v
+"#,
+        &["/usr/sbin/mkfs.ext4", "/usr/sbin/e2fsck", "/usr/bin/fio"],
+        &[
+            "size: 268435456",
+            "tenantfs:v:/mnt/d/data",
+            "files: 42",
+            "detach refused while mounted",
+            "e2fsck clean",
+            "stats show the device",
+            "device disconnected at detach",
+            "same files after detach and attach",
+            "fio running at the kill",
+            "daemon recovered the device",
+            "fio passed",
+            "no fio errors",
+            "fio passed across a frozen daemon",
+            "the daemon replaced the socket",
+            "fio running at the stop",
+            "the stopping daemon kept the device",
+            "second fio passed",
         ],
     );
 }

@@ -66,7 +66,7 @@ kill -0 $FIO && echo "fio running at the kill"
 kill -9 $DAEMON
 sleep 1
 start_daemon
-grep -q "recovered a ublk device" /tmp/daemon.log && echo "daemon recovered the device"
+grep -q "recovered a block device.*ublkb0" /tmp/daemon.log && echo "daemon recovered the device"
 wait $FIO && echo "fio passed"
 cat /tmp/fio.out
 grep -q "err= 0" /tmp/fio.out && echo "no fio errors"

@@ -154,7 +154,12 @@ fn volumes_are_created_listed_resized_and_deleted_and_bad_requests_say_what_to_d
     let e = h.fails(&["volume", "attach", "v", "--ublk"]);
     assert!(e.contains("no daemon answers"), "{e}");
     let e = h.fails(&["volume", "attach", "v"]);
-    assert!(e.contains("--ublk") && e.contains("--nbd"), "{e}");
+    assert!(
+        e.contains("--ublk") && e.contains("--nbd-device") && e.contains("--nbd unix:PATH"),
+        "{e}"
+    );
+    let e = h.fails(&["volume", "attach", "v", "--ublk", "--nbd-device"]);
+    assert!(e.contains("cannot be used with"), "{e}");
 
     let e = h.fails(&["volume", "delete", "fs"]);
     assert!(e.contains("not a block volume"), "{e}");
@@ -179,6 +184,15 @@ fn an_nbd_export_serves_nbdcopy_qemu_io_and_fio_and_keeps_its_data_across_attach
         // This host's kernel has no ublk (the VM tests serve it): a clear refusal.
         let e = h.fails(&["volume", "attach", "t", "--ublk"]);
         assert!(e.contains("no ublk driver") && e.contains("--nbd"), "{e}");
+    }
+    if !Path::new("/sys/module/nbd").exists() {
+        // Nor nbd: the same for a kernel nbd device, and t is left detached.
+        let e = h.fails(&["volume", "attach", "t", "--nbd-device"]);
+        assert!(
+            e.contains("no NBD driver") && e.contains("modprobe nbd"),
+            "{e}"
+        );
+        assert!(listed(&h, "t").unwrap()["attached"].is_null());
     }
     let info: serde_json::Value =
         serde_json::from_str(&check(&mut cmd("nbdinfo", &["--json", &uri]))).unwrap();
@@ -451,11 +465,13 @@ fn configured_volumes_are_attached_when_the_daemon_starts_and_wait_when_they_can
     let h = Host::new("vol-cfg");
     let sock = h.root().join("v.sock");
     let h = h.with_config(&format!(
-        "[[volume]]\nname = \"v\"\nnbd = \"unix:{}\"\n[[volume]]\nname = \"w\"\nublk = true\n",
+        "[[volume]]\nname = \"v\"\nnbd = \"unix:{}\"\n[[volume]]\nname = \"w\"\nublk = true\n\
+         [[volume]]\nname = \"x\"\nnbd_device = true\n",
         sock.display()
     ));
-    h.ok(&["volume", "create", "v", "--size", "64M"]);
-    h.ok(&["volume", "create", "w", "--size", "64M"]);
+    for v in ["v", "w", "x"] {
+        h.ok(&["volume", "create", v, "--size", "64M"]);
+    }
     let q = format!("nbd:unix:{}", sock.display());
     let mut d = daemon(&h);
     qemu_io(&q, &["write -P 0x21 0 1M", "flush"]);
@@ -470,6 +486,15 @@ fn configured_volumes_are_attached_when_the_daemon_starts_and_wait_when_they_can
         let json: serde_json::Value = serde_json::from_str(&h.ok(&["stats", "--json"])).unwrap();
         assert_eq!(json["waiting_volumes"][0]["volume"], "w", "{json}");
         assert!(json["waiting_volumes"][0]["attempts"].as_u64().unwrap() >= 1);
+    }
+    if !Path::new("/sys/module/nbd").exists() {
+        // Nor an nbd driver: x waits too.
+        let table = h.ok(&["stats"]);
+        assert!(
+            table.contains("configured volume x (nbd device) is not attached yet")
+                && table.contains("no NBD driver"),
+            "{table}"
+        );
     }
     // After a kill -9, the next daemon serves v at the same address without being asked.
     let _ = d.0.kill();
