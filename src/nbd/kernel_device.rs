@@ -178,7 +178,7 @@ impl NbdKernelDevice {
     /// requests read are answered, the store is synced; the kernel holds the rest.
     pub fn suspend(&mut self) {
         self.shared.stopping.store(true, Ordering::Release);
-        self.end("nbd device left for the next daemon");
+        self.end("nbd device kept for recovery by the next daemon");
     }
 
     /// Ends the connection (the kernel's DISC ends it first after a disconnect), waits for

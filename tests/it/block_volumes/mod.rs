@@ -19,7 +19,11 @@ mod nbd_wire;
 /// The start of the kernel clients' VM scripts: the data disk mounted at /mnt/d with a data
 /// dir on it; `start_daemon` (again after a kill: `$DAEMON` is its pid, its log
 /// /tmp/daemon.log); `fill_tree`, 42 files on /mnt/fs (40 small, 24 MiB of random bytes,
-/// busybox) with their sums kept in /tmp/sums; `sums`, the sums of what /mnt/fs holds now.
+/// busybox) with their sums kept in /tmp/sums; `sums`, the sums of what /mnt/fs holds now;
+/// `fio_verify NAME DEV ARGS...`, a crc32c verify job in the background (`$FIO`, output in
+/// /tmp/NAME.out) and `fio_passed NAME`; `across_kill DEV [JOB]`, a verify job (4k random
+/// writes over 32 MiB unless JOB says otherwise) with the daemon killed -9 2 s in and started
+/// again; `across_stop DEV BS`, a sequential one across a SIGTERM and a start.
 const VM_SETUP: &str = r#"
 mkdir -p /etc && ln -sf /proc/mounts /etc/mtab
 mkdir -p /mnt/d /mnt/fs
@@ -41,6 +45,37 @@ fill_tree() {
   cp /bin/busybox /mnt/fs/c/
   sums > /tmp/sums
   echo "files: $(wc -l < /tmp/sums)"
+}
+fio_verify() {
+  n=$1; d=$2; shift 2
+  fio --name=$n --filename=$d --ioengine=libaio --direct=1 --verify=crc32c --verify_fatal=1 \
+      --verify_state_save=0 --output=/tmp/$n.out "$@" &
+  FIO=$!
+}
+fio_passed() { wait $FIO && grep -q "err= 0" /tmp/$1.out; }
+across_kill() {
+  d=$1; shift
+  job="${*:---rw=randwrite --bs=4k --size=32M}"
+  fio_verify verify $d $job --iodepth=16
+  recovered=$(grep -c "recovered a block device.*$d" /tmp/daemon.log || true)
+  sleep 2
+  kill -0 $FIO && echo "fio running at the kill"
+  kill -9 $DAEMON
+  sleep 1
+  start_daemon
+  [ $(grep -c "recovered a block device.*$d" /tmp/daemon.log) -gt $recovered ] &&
+    echo "daemon recovered the device"
+  fio_passed verify && echo "fio passed across the kill"
+}
+across_stop() {
+  fio_verify seq $1 --rw=write --bs=$2 --size=48M --iodepth=4
+  sleep 2
+  kill -0 $FIO && echo "fio running at the stop"
+  kill $DAEMON
+  while kill -0 $DAEMON 2>/dev/null; do sleep 0.1; done
+  grep -q "kept for recovery" /tmp/daemon.log && echo "the stopping daemon kept the device"
+  start_daemon
+  fio_passed seq && echo "fio passed across the stop"
 }
 "#;
 
