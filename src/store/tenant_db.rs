@@ -431,7 +431,9 @@ impl TenantDb {
     /// Writes a batch that changes how data is laid out but not what it reads as (a merge of
     /// block keys into their chunk): without the WAL, like [`Self::write_unlogged`], and
     /// without making the next sync flush for it. A crash before the next flush loses the
-    /// batch whole, and the layout it replaced, still in the WAL or on disk, reads the same.
+    /// batch whole, and the layout it replaced, still in the WAL or on disk, reads the same;
+    /// so a logged write after it must not leave out a delete because this batch had done it
+    /// (the volume's writes delete unconditionally).
     pub fn write_relayout(&self, batch: Batch<'_>) -> Result<(), StoreError> {
         self.write_without_wal(batch)
     }

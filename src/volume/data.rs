@@ -27,6 +27,9 @@ use super::{
 };
 use crate::store::{Batch, ExtentSpan, Family};
 
+/// The most keys `durable_deletes` deletes one by one (1 MiB of 4 KiB blocks).
+const DURABLE_DELETES_MAX: u64 = 256;
+
 /// The bytes `[offset, end)` of a read, blocks `first..=last` of `bs` bytes.
 #[derive(Clone, Copy)]
 struct ReadRange {
@@ -295,13 +298,18 @@ impl Volume {
             // Block keys (of chunks split by earlier writes, or from format 2) give way to the
             // chunks; old chunk keys are simply overwritten by the puts below.
             let last = first + data.len() as u64 / bs;
-            self.delete_keys_where(
-                b,
-                Family::Extents,
-                &extent_key(ino, first),
-                &extent_key(ino, last),
-                |k| matches!(decode_extent_key(k), Some(ExtentKey::Block(_))),
-            )?;
+            if to_extent_file {
+                // Unlogged like a fold: a crash keeps both or neither (see `durable_deletes`).
+                self.delete_keys_where(
+                    b,
+                    Family::Extents,
+                    &extent_key(ino, first),
+                    &extent_key(ino, last),
+                    |k| matches!(decode_extent_key(k), Some(ExtentKey::Block(_))),
+                )?;
+            } else {
+                self.durable_deletes(b, ino, first, last, false);
+            }
         }
         let unit = (self.chunk_blocks * bs) as usize;
         // Nothing to write for a run of zeros (holes).
@@ -323,6 +331,30 @@ impl Volume {
         Ok(())
     }
 
+    /// Deletes the block keys of `ino` in `[first, last)` (and with `chunks` the chunk keys,
+    /// `first` and `last` being chunk boundaries) whether they are there or not: a logged
+    /// batch must not decide its deletes from what it sees. A fold deletes the blocks over a
+    /// chunk without the WAL (`fold.rs`); a write that then found no block to delete would
+    /// log none, and a crash before the next flush would bring the fold's blocks back over
+    /// it, synced or not. A long range (more than [`DURABLE_DELETES_MAX`] blocks) is one
+    /// range deletion, which takes chunk keys too.
+    fn durable_deletes(&self, b: &mut Batch<'_>, ino: u64, first: u64, last: u64, chunks: bool) {
+        if last - first > DURABLE_DELETES_MAX {
+            b.delete_range(
+                Family::Extents,
+                &extent_key(ino, first),
+                &extent_key(ino, last),
+            );
+            return;
+        }
+        for index in first..last {
+            b.delete(Family::Extents, &extent_key(ino, index));
+            if chunks && self.chunked() && index % self.chunk_blocks == 0 {
+                b.delete(Family::Extents, &chunk_key(ino, index));
+            }
+        }
+    }
+
     /// Zeroes `[offset, offset+len)` of `ino` (clamped to `size`) in batch `b`: whole chunks
     /// (or blocks) become holes, the edges are written as zeros (a whole block of zeros is a
     /// hole too).
@@ -341,12 +373,7 @@ impl Volume {
         let bs = self.block_size;
         let (lo, hi) = self.whole_chunks(offset, end);
         let edges = if lo < hi {
-            self.delete_keys(
-                b,
-                Family::Extents,
-                &extent_key(ino, lo / bs),
-                &extent_key(ino, hi / bs),
-            )?;
+            self.durable_deletes(b, ino, lo / bs, hi / bs, true);
             [(offset, lo), (hi, end)]
         } else {
             [(offset, end), (end, end)]

@@ -19,7 +19,10 @@
 //! [`FETCHERS`] threads, so the lock is held for cached reads only). Content-neutral also
 //! means it needs no WAL: a crash loses the merged chunk and the deletes together, and the
 //! blocks, still in the WAL or on disk, read the same (`TenantDb::write_relayout`; the merged
-//! bytes, already in an extent file, are then garbage there). The merged chunk goes into an
+//! bytes, already in an extent file, are then garbage there). What comes back must not hide
+//! a later write, so a logged write over a chunk deletes its blocks whether it sees them or
+//! not (`data.rs`, `durable_deletes`): once it had found none (the fold had taken them),
+//! logged no delete, and a kill brought them back over it. The merged chunk goes into an
 //! extent file and into the cache at once (`chunk.rs`), and the old chunk's bytes out of it:
 //! the folds after random writes ran while the file was read again, and as inline values
 //! (flushed into blob files, then moved by blob collection: a new cache key each time) they
