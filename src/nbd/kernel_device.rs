@@ -31,7 +31,7 @@ use nix::sys::socket::{shutdown, Shutdown};
 
 use super::address::Stream;
 use super::netlink::{Connect, NbdNetlink};
-use super::{connection, lock, wire};
+use super::{lock, wire};
 use crate::blockdev::BlockDevice;
 
 /// Seconds a request may take before the kernel requeues it on a new socket: how long the
@@ -57,6 +57,8 @@ pub enum NbdDeviceError {
          then detach"
     )]
     InUse { path: String },
+    #[error("cannot make a socket pair for the device: {0}")]
+    Socket(#[source] io::Error),
     #[error("cannot start a thread: {0}")]
     Thread(#[source] io::Error),
 }
@@ -217,19 +219,8 @@ struct Served {
 fn connection_to(
     device: &Arc<BlockDevice>,
 ) -> Result<(UnixStream, Served, u64, u16), NbdDeviceError> {
-    let (mut client, server) = UnixStream::pair().map_err(NbdDeviceError::Thread)?;
-    let socket = Arc::new(server.try_clone().map_err(NbdDeviceError::Thread)?.into());
-    let d = device.clone();
-    let thread = std::thread::Builder::new()
-        .name(format!("nbd-{}-conn", device.name()))
-        .spawn(
-            move || match connection::serve(Stream::Unix(server), &d, true) {
-                Ok(()) => tracing::debug!(volume = d.name(), "nbd device connection ended"),
-                Err(e) => {
-                    tracing::info!(volume = d.name(), error = %e, "nbd device connection ended")
-                }
-            },
-        )
+    let (mut client, server) = UnixStream::pair().map_err(NbdDeviceError::Socket)?;
+    let (thread, socket) = super::serve_on_thread(device.clone(), Stream::Unix(server), true)
         .map_err(NbdDeviceError::Thread)?;
     let served = Served { thread, socket };
     match handshake(&mut client, device.name()) {

@@ -178,33 +178,41 @@ fn accept_loop(listener: Listener, export: Arc<Export>) {
                 continue;
             }
         };
-        let socket = match stream.try_clone_fd() {
-            Ok(fd) => Arc::new(fd),
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot keep an NBD connection's socket: closing it");
-                continue;
-            }
-        };
-        let (shared, own) = (export.clone(), socket.clone());
-        let spawned = std::thread::Builder::new()
-            .name(format!("nbd-{}-conn", export.device.name()))
-            .spawn(move || {
-                let peer = stream.peer();
-                match connection::serve(stream, &shared.device, false) {
-                    Ok(()) => tracing::debug!(peer, "NBD client disconnected"),
-                    Err(e) => tracing::info!(peer, error = %e, "NBD connection ended"),
-                }
-                // The list's descriptor keeps the socket open: the client (waiting for the
-                // close after DISC or ABORT) must see it end now.
-                let _ = shutdown(own.as_raw_fd(), Shutdown::Both);
-            });
+        let spawned = serve_on_thread(export.device.clone(), stream, false);
         match spawned {
-            Ok(thread) => {
+            Ok((thread, socket)) => {
                 let mut c = lock(&export.connections);
                 c.retain(|(_, t)| !t.is_finished());
                 c.push((socket, thread));
             }
-            Err(e) => tracing::warn!(error = %e, "cannot start an NBD connection thread"),
+            Err(e) => tracing::warn!(error = %e, "cannot serve an NBD connection: closing it"),
         }
     }
+}
+
+/// Serves `stream` on a thread of its own (`logged` as for `connection::serve`); returns the
+/// thread and a second descriptor of the socket, to shut it down from elsewhere. When the
+/// connection ends its socket is shut down, so the client sees the end at once although that
+/// descriptor keeps the socket open (a client waiting for the close after DISC or ABORT; the
+/// kernel, which then marks the connection dead).
+fn serve_on_thread(
+    device: Arc<BlockDevice>,
+    stream: address::Stream,
+    logged: bool,
+) -> io::Result<(JoinHandle<()>, Arc<OwnedFd>)> {
+    let socket = Arc::new(stream.try_clone_fd()?);
+    let own = socket.clone();
+    let thread = std::thread::Builder::new()
+        .name(format!("nbd-{}-conn", device.name()))
+        .spawn(move || {
+            let peer = stream.peer();
+            match connection::serve(stream, &device, logged) {
+                Ok(()) => tracing::debug!(volume = device.name(), peer, "NBD client disconnected"),
+                Err(e) => {
+                    tracing::info!(volume = device.name(), peer, error = %e, "NBD connection ended")
+                }
+            }
+            let _ = shutdown(own.as_raw_fd(), Shutdown::Both);
+        })?;
+    Ok((thread, socket))
 }
