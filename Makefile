@@ -11,9 +11,9 @@ SHELL := /bin/bash
 # qemu-system-x86, busybox-static, cpio, xz-utils: the VM harness (tests/vm/vm.sh), which
 # also fetches Debian's cloud kernel package into its cache on first use; qemu-utils
 # (qemu-img, qemu-io), libnbd-bin (nbdinfo, nbdcopy), nbd-client (run in the VM): NBD
-# clients of the block volume tests.
+# clients of the block volume tests; linux-perf: the FUSE request counts of `make bench`.
 DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux mount e2fsprogs git python3 \
-	qemu-system-x86 busybox-static cpio xz-utils qemu-utils libnbd-bin nbd-client
+	qemu-system-x86 busybox-static cpio xz-utils qemu-utils libnbd-bin nbd-client linux-perf
 
 .PHONY: all deps build demo test lint bench asan install clean
 
@@ -70,6 +70,7 @@ bench: build
 	$(CARGO) run --release --example bench_cache_regimes
 	$(CARGO) run --release --example bench_fuse_fio
 	$(CARGO) run --release --example bench_fio_suite
+	$(CARGO) run --release --example bench_write_amp
 	$(CARGO) run --release --example bench_extent_size
 	$(CARGO) run --release --example bench_block_cache
 	$(CARGO) run --release --example bench_pack_io

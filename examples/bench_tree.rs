@@ -10,18 +10,28 @@
 //! index only. The tenant runs each round twice, mounted over FUSE's io_uring and over
 //! /dev/fuse (FUSE over io_uring is turned on first if the kernel has it off).
 //!
+//! Then, to show where a step's time goes, one more round over the ring under `perf record -e
+//! fuse:fuse_request_send` (the kernel's own tracepoint, so every request counts, whoever
+//! asked for it): the requests each step made the kernel send, by opcode, and a floor: the
+//! synchronous ones times what a request costs when the daemon has nothing to do (a statfs
+//! loop on the mount, less the same loop on ext4), against the step's ext4 time. A floor
+//! above 2x ext4 means no daemon-side work can bring the step under 2x; only fewer round
+//! trips or cheaper ones can.
+//!
 //! usage: cargo build --release --bins --examples && cargo run --release --example bench_tree
-//! [-- ROUNDS] (default 2; the table shows the median of the rounds). Needs root, tar, git, /dev/fuse.
+//! [-- ROUNDS] (default 2; the table shows the median of the rounds). Needs root, tar, git,
+//! /dev/fuse; perf (linux-perf) for the request counts, which are skipped without it.
 
 mod common;
 use common::daemon::{enable_fuse_uring, run, Daemon};
 use common::median;
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Read;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 const STEPS: [&str; 5] = [
     "untar + sync",
@@ -49,20 +59,25 @@ fn timed(f: impl FnOnce()) -> f64 {
     t.elapsed().as_secs_f64()
 }
 
-/// The five steps on `dir`; seconds per step.
-fn steps(dir: &Path, tar: &Path, repo: &Path, daemon: Option<&Daemon>) -> [f64; 5] {
+/// The five steps on `dir`; `measure(i, step)` runs step `i` (timing or tracing it).
+fn steps(
+    dir: &Path,
+    tar: &Path,
+    repo: &Path,
+    daemon: Option<&Daemon>,
+    measure: &mut dyn FnMut(usize, &mut dyn FnMut()),
+) {
     let tree = dir.join("tree");
     let copy = dir.join("copy");
     let clone = dir.join("clone");
     fs::create_dir_all(&tree).unwrap();
-    let mut t = [0.0; 5];
     cold(daemon);
-    t[0] = timed(|| {
+    measure(0, &mut || {
         run(Command::new("tar").arg("xf").arg(tar).arg("-C").arg(&tree));
         sh("sync");
     });
     cold(daemon);
-    t[1] = timed(|| {
+    measure(1, &mut || {
         let mut child = Command::new("tar")
             .args(["cf", "-", "-C"])
             .arg(&tree)
@@ -84,7 +99,7 @@ fn steps(dir: &Path, tar: &Path, repo: &Path, daemon: Option<&Daemon>) -> [f64; 
         assert!(total > 100 << 20, "tar wrote only {total} bytes");
     });
     cold(daemon);
-    t[2] = timed(|| {
+    measure(2, &mut || {
         run(Command::new("cp").arg("-a").arg(&tree).arg(&copy));
         sh("sync");
     });
@@ -93,7 +108,7 @@ fn steps(dir: &Path, tar: &Path, repo: &Path, daemon: Option<&Daemon>) -> [f64; 
         .arg(repo)
         .arg(&clone));
     cold(daemon);
-    t[3] = timed(|| {
+    measure(3, &mut || {
         run(Command::new("git")
             .arg("-C")
             .arg(&clone)
@@ -101,7 +116,7 @@ fn steps(dir: &Path, tar: &Path, repo: &Path, daemon: Option<&Daemon>) -> [f64; 
         sh("sync");
     });
     cold(daemon);
-    t[4] = timed(|| {
+    measure(4, &mut || {
         run(Command::new("rm")
             .arg("-rf")
             .arg(&tree)
@@ -109,7 +124,62 @@ fn steps(dir: &Path, tar: &Path, repo: &Path, daemon: Option<&Daemon>) -> [f64; 
             .arg(&clone));
         sh("sync");
     });
+}
+
+/// Seconds per step.
+fn timed_steps(dir: &Path, tar: &Path, repo: &Path, daemon: Option<&Daemon>) -> [f64; 5] {
+    let mut t = [0.0; 5];
+    steps(dir, tar, repo, daemon, &mut |i, step| t[i] = timed(step));
     t
+}
+
+/// `perf record` of the kernel's FUSE request tracepoint, system-wide, into `out`; None
+/// without perf.
+fn start_trace(out: &Path) -> Option<Child> {
+    let child = Command::new("perf")
+        .args(["record", "-q", "-a", "-e", "fuse:fuse_request_send", "-o"])
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    std::thread::sleep(Duration::from_secs(1)); // perf attaches to every CPU first
+    Some(child)
+}
+
+/// Stops the trace; the requests it saw, by opcode name.
+fn stop_trace(mut perf: Child, out: &Path) -> BTreeMap<String, u64> {
+    let pid = nix::unistd::Pid::from_raw(perf.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    perf.wait().unwrap();
+    let script = Command::new("perf")
+        .args(["script", "-F", "trace", "-i"])
+        .arg(out)
+        .stderr(Stdio::null())
+        .output()
+        .unwrap();
+    let mut counts = BTreeMap::new();
+    for line in String::from_utf8_lossy(&script.stdout).lines() {
+        if let Some(op) = line.split(['(', ')']).nth(1) {
+            *counts
+                .entry(op.trim_start_matches("FUSE_").to_owned())
+                .or_insert(0) += 1;
+        }
+    }
+    counts
+}
+
+/// Requests the kernel sends without the caller waiting for them.
+const ASYNC: [&str; 3] = ["RELEASE", "FORGET", "BATCH_FORGET"];
+
+/// Microseconds per statfs(2) of `dir`, over 20,000 calls.
+fn statfs_us(dir: &Path) -> f64 {
+    const N: u32 = 20_000;
+    let t = Instant::now();
+    for _ in 0..N {
+        nix::sys::statfs::statfs(dir).unwrap();
+    }
+    t.elapsed().as_secs_f64() * 1e6 / f64::from(N)
 }
 
 fn main() {
@@ -160,19 +230,31 @@ fn main() {
     let mut ext4 = vec![Vec::new(); STEPS.len()];
     let mut tenant = [vec![Vec::new(); STEPS.len()], vec![Vec::new(); STEPS.len()]];
     for _ in 0..rounds {
-        let a = steps(&host, &tar, &repo, None);
+        let a = timed_steps(&host, &tar, &repo, None);
         for i in 0..STEPS.len() {
             ext4[i].push(a[i]);
         }
         for (k, transport) in TRANSPORTS.iter().enumerate() {
             daemon.mount("tree", &mnt, transport);
-            let b = steps(&mnt, &tar, &repo, Some(&daemon));
+            let b = timed_steps(&mnt, &tar, &repo, Some(&daemon));
             daemon.umount(&mnt);
             for i in 0..STEPS.len() {
                 tenant[k][i].push(b[i]);
             }
         }
     }
+
+    // The traced round, over the ring: requests per step, and what one costs with no work.
+    daemon.mount("tree", &mnt, "uring");
+    let trace = tmp.path().join("fuse.perf");
+    let mut requests: Vec<Option<BTreeMap<String, u64>>> = vec![None; STEPS.len()];
+    steps(&mnt, &tar, &repo, Some(&daemon), &mut |i, step| {
+        let perf = start_trace(&trace);
+        step();
+        requests[i] = perf.map(|p| stop_trace(p, &trace));
+    });
+    let noop_us = median((0..3).map(|_| statfs_us(&mnt) - statfs_us(&host)).collect());
+    daemon.umount(&mnt);
 
     println!(
         "small-file tree: {files} files ({} MiB tar), median of {rounds} rounds, each step cold",
@@ -190,6 +272,38 @@ fn main() {
             "| {step} | {a:.2} | {u:.2} | {:.2} | {d:.2} | {:.2} |",
             u / a,
             d / a
+        );
+    }
+
+    println!();
+    println!(
+        "requests the kernel sent per step over the ring (perf, fuse:fuse_request_send); \
+         a request with nothing to do costs {noop_us:.1} us more than on ext4 (statfs)"
+    );
+    println!("| step | requests per file, by opcode | synchronous | floor s (synchronous x {noop_us:.1} us) | floor / ext4 |");
+    println!("|---|---|---:|---:|---:|");
+    for (i, step) in STEPS.iter().enumerate() {
+        let Some(counts) = &requests[i] else {
+            println!("| {step} | (no perf) | | | |");
+            continue;
+        };
+        let mut by_count: Vec<_> = counts.iter().collect();
+        by_count.sort_by(|a, b| b.1.cmp(a.1));
+        let per_file: Vec<String> = by_count
+            .iter()
+            .filter(|(_, &n)| n as f64 / files as f64 >= 0.05)
+            .map(|(op, &n)| format!("{op} {:.2}", n as f64 / files as f64))
+            .collect();
+        let sync: u64 = counts
+            .iter()
+            .filter(|(op, _)| !ASYNC.contains(&op.as_str()))
+            .map(|(_, n)| n)
+            .sum();
+        let floor = sync as f64 * noop_us / 1e6;
+        println!(
+            "| {step} | {} | {sync} | {floor:.2} | {:.2} |",
+            per_file.join(", "),
+            floor / median(ext4[i].clone())
         );
     }
 }

@@ -61,10 +61,17 @@ pub fn answer(
     };
     let one_name = || abi::names::<1>(input).map(|([n], _)| n).ok_or_else(bad);
     match h.opcode {
-        opcode::LOOKUP => {
-            let a = ops.lookup(ino, one_name()?)?;
-            entry(payload, &a)
-        }
+        opcode::LOOKUP => match ops.lookup(ino, one_name()?) {
+            Ok(a) => entry(payload, &a),
+            // Cached by the kernel for TTL: a stat of a missing path and the create after it
+            // (git checkout, make) ask once; the kernel replaces the entry when it creates one.
+            Err(Errno::ENOENT) => {
+                let mut out = Out::new(payload);
+                abi::negative_entry_out(&mut out, TTL);
+                Ok(out.len())
+            }
+            Err(e) => Err(e),
+        },
         opcode::GETATTR => {
             let a = ops.getattr(ino)?;
             let mut out = Out::new(payload);

@@ -240,6 +240,15 @@ pub fn entry_out(out: &mut Out, a: &FileAttr, ttl: std::time::Duration) {
     attr(out, a);
 }
 
+/// `struct fuse_entry_out` for a name that does not exist: node id 0, which the kernel keeps
+/// as a negative entry for `ttl` (an ENOENT reply it forgets at once, so the next stat or
+/// open of the same missing name would ask again).
+pub fn negative_entry_out(out: &mut Out, ttl: std::time::Duration) {
+    out.u64(0).u64(0).u64(ttl.as_secs()).u64(0);
+    out.u32(ttl.subsec_nanos()).u32(0);
+    out.zeros(FUSE_ATTR_SIZE);
+}
+
 /// `struct fuse_attr_out`.
 pub fn attr_out(out: &mut Out, a: &FileAttr, ttl: std::time::Duration) {
     out.u64(ttl.as_secs()).u32(ttl.subsec_nanos()).u32(0);
@@ -323,6 +332,23 @@ mod tests {
             blksize: 4096,
             flags: 0,
         }
+    }
+
+    #[test]
+    fn a_negative_entry_is_node_zero_with_an_entry_timeout_and_no_attributes() {
+        let mut buf = [0xffu8; 256];
+        let mut out = Out::new(&mut buf);
+        negative_entry_out(&mut out, Duration::from_millis(1500));
+        assert_eq!(out.len(), ENTRY_OUT_SIZE);
+        let f = Fields(&buf);
+        assert_eq!(f.u64(0), Some(0), "nodeid 0: the name does not exist");
+        assert_eq!(f.u64(16), Some(1), "entry_valid seconds");
+        assert_eq!(f.u32(32), Some(500_000_000), "entry_valid_nsec");
+        assert_eq!(f.u64(24), Some(0), "attr_valid");
+        assert!(
+            buf[40..ENTRY_OUT_SIZE].iter().all(|&b| b == 0),
+            "no attributes"
+        );
     }
 
     #[test]

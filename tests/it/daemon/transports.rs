@@ -259,3 +259,42 @@ fn dev_fuse_workers_grow_on_demand_and_an_idle_mount_keeps_one_thread() {
     assert_eq!(threads_named(pid, "tenantfs-v"), 1);
     d.terminate_cleanly(&[&m, &mr]);
 }
+
+/// A lookup that finds nothing is answered as a negative entry the kernel keeps for the
+/// TTL, over both transports: stats of a missing path in a row reach the daemon about once
+/// (each one did before: an ENOENT reply is forgotten at once), a file created after them is
+/// found, and once removed it is missing again.
+#[test]
+fn a_missing_name_is_looked_up_once_and_a_file_created_after_it_is_found() {
+    enable_fuse_uring();
+    let h = Host::new("negentry");
+    h.create_tenant("r");
+    h.create_tenant("d");
+    let d = start_daemon(&h, &h.root().join("notify"));
+    for (tenant, transport) in [("r", "uring"), ("d", "dev")] {
+        let mp = h.dir(&format!("m-{tenant}"));
+        let o = format!("transport={transport}");
+        h.ok(&["mount", "-o", &o, tenant, mp.to_str().unwrap()]);
+        let _g = h.guard(tenant, &mp, d.0.id());
+        // (an op with no calls yet is left out of the stats)
+        let lookups = || {
+            mount_stats(&h, tenant)["ops"]["lookup"]["calls"]
+                .as_u64()
+                .unwrap_or(0)
+        };
+        let missing = mp.join("missing");
+        let before = lookups();
+        for _ in 0..20 {
+            assert!(std::fs::symlink_metadata(&missing).is_err());
+        }
+        let asked = lookups() - before;
+        assert!(
+            (1..20).contains(&asked),
+            "{transport}: 20 stats of a missing name asked the daemon {asked} times"
+        );
+        std::fs::write(&missing, b"here now").unwrap();
+        assert_eq!(std::fs::read(&missing).unwrap(), b"here now", "{transport}");
+        std::fs::remove_file(&missing).unwrap();
+        assert!(std::fs::symlink_metadata(&missing).is_err(), "{transport}");
+    }
+}
