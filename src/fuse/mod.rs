@@ -7,6 +7,7 @@ mod buffer;
 mod device;
 mod dispatch;
 mod handshake;
+mod listing_prefetch;
 mod mount;
 mod ops;
 mod ring;

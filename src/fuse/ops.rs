@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
 
+use super::listing_prefetch::{self, ListingPrefetch};
 use crate::metrics::{MountMetrics, Op};
 use crate::volume::{
     Attr, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, StatFs, Volume, VolumeError,
@@ -74,6 +75,8 @@ pub(crate) struct Operations {
     lookups: Mutex<HashMap<u64, u64>>,
     /// Open directory snapshots, by handle.
     dirs: Mutex<HashMap<u64, Vec<DirEntry>>>,
+    /// Recent listings' small files, warmed when their files are read in order.
+    listed: ListingPrefetch,
     next_fh: AtomicU64,
     pub(crate) metrics: Arc<MountMetrics>,
 }
@@ -138,6 +141,7 @@ impl Operations {
             cache,
             lookups: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
+            listed: ListingPrefetch::default(),
             next_fh: AtomicU64::new(1),
             metrics,
         }
@@ -356,6 +360,12 @@ impl Operations {
         out: &mut Vec<u8>,
     ) -> Result<(), Errno> {
         let t = Instant::now();
+        if offset == 0 {
+            let next = self.listed.reading(ino);
+            if !next.is_empty() {
+                self.volume.warm_files(next);
+            }
+        }
         let r = self.vol("read", |v| v.read_into(ino, offset, size, out));
         self.metrics.record(Op::Read, t, r.is_ok());
         if r.is_ok() {
@@ -447,6 +457,7 @@ impl Operations {
                 .skip(offset as usize)
                 .collect()
         };
+        let mut small = Vec::new();
         for (i, e) in entries {
             // An entry removed since opendir is skipped.
             let Ok(a) = self.vol("getattr", |v| v.getattr(e.ino)) else {
@@ -459,7 +470,11 @@ impl Operations {
             if !dot {
                 self.remember(e.ino);
             }
+            if a.kind == FileKind::File && a.size > 0 && a.size <= listing_prefetch::SMALL {
+                small.push((e.ino, a.size));
+            }
         }
+        self.listed.listed(fh, offset == 0, &small);
         Ok(())
     }
 

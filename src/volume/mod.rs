@@ -331,6 +331,13 @@ impl Volume {
         self.folds.fold_now();
     }
 
+    /// Brings small files, `(ino, size)`, into the cache in the background: a hint that they
+    /// are read next (see `fuse::listing_prefetch`); nothing is reported.
+    pub fn warm_files(&self, files: Vec<(u64, u64)>) {
+        self.readahead
+            .fetch_files(&self.tenant, files, self.block_size, self.chunk_blocks);
+    }
+
     /// Makes every change so far durable.
     pub fn fsync(&self) -> Result<()> {
         self.db().sync()?;

@@ -146,6 +146,27 @@ impl Readahead {
         }
     }
 
+    /// Fetches whole small files, `(ino, size)`, into the cache in one background job: one
+    /// multi-get of all their keys, so files stored side by side come in with merged reads.
+    pub fn fetch_files(
+        &self,
+        tenant: &Arc<Tenant>,
+        files: Vec<(u64, u64)>,
+        block_size: u64,
+        chunk_blocks: u64,
+    ) {
+        let jobs = Arc::clone(&self.jobs);
+        let tenant = Arc::downgrade(tenant);
+        submit(Box::new(move || {
+            jobs.run(|| {
+                if let Some(t) = tenant.upgrade() {
+                    // A hint, as `fetch`: the reader sees and reports a failure itself.
+                    let _ = warm_files(&t, &files, block_size, chunk_blocks);
+                }
+            });
+        }));
+    }
+
     /// Refuses new background fetches and waits for the running ones.
     pub fn close(&self) {
         self.jobs.close();
@@ -194,6 +215,35 @@ fn warm(
         return Ok(());
     }
     db.multi_get(Family::Extents, &rest, |_, _| {})
+}
+
+/// Brings whole files into the cache: every key that could hold their bytes in one
+/// multi-get (a key that is not there costs a filter probe), then the extent-file bytes of
+/// their stored chunks.
+fn warm_files(
+    tenant: &Tenant,
+    files: &[(u64, u64)],
+    block_size: u64,
+    chunk_blocks: u64,
+) -> Result<(), StoreError> {
+    let (mut keys, mut names) = (Vec::new(), Vec::new());
+    for &(ino, size) in files.iter().filter(|(_, size)| *size > 0) {
+        let (k, n) = lookup_keys(ino, 0, (size - 1) / block_size, chunk_blocks);
+        keys.extend(k);
+        names.extend(n);
+    }
+    let db = tenant.db();
+    let _no_delete = db.extent_files().read_guard();
+    let mut stored = Vec::new();
+    db.multi_get(Family::Extents, &keys, |i, v| {
+        if let (ExtentKey::Chunk(_), Some(Chunk::Stored(span))) = (names[i], decode_chunk(v)) {
+            stored.push(span);
+        }
+    })?;
+    if !stored.is_empty() {
+        db.extent_files().read(&stored, |_, _| {})?;
+    }
+    Ok(())
 }
 
 /// The block keys among `keys` (named by `names`) whose chunk is not in `chunks`.

@@ -265,3 +265,60 @@ fn governor_shrinks_the_cache_in_a_capped_cgroup() {
     }
     m.umount();
 }
+
+/// A directory listed, then its small files read in listing order (`tar c`, `cp -a`): the
+/// first file's read warms the files after it in one background multi-get, so they come
+/// from the cache instead of a disk read each. The listing alone fetches no file data.
+#[test]
+fn reading_a_listed_directory_in_order_warms_its_next_small_files() {
+    const FILES: u64 = 24;
+    const LEN: usize = 12 << 10;
+    let h = Host::new("listwarm");
+    h.create_tenant("t");
+    let mp = h.dir("mp");
+    let m = h.mount("t", &mp, "");
+    std::fs::create_dir(m.join("d")).unwrap();
+    for i in 0..FILES {
+        write_synced(&m.join(&format!("d/f{i:02}")), &noise(i, LEN));
+    }
+    m.umount(); // the files go to the store's files; the next process starts cold
+    let m = h.mount("t", &mp, "");
+    let used = || stats(&h)["used_bytes"].as_u64().unwrap();
+    let before_listing = used();
+    let listed: Vec<_> = std::fs::read_dir(m.join("d"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(listed.len() as u64, FILES);
+    let data_bytes = FILES * LEN as u64;
+    assert!(
+        used() - before_listing < data_bytes / 4,
+        "listing fetched file data: {} bytes",
+        used() - before_listing
+    );
+    let seed = |p: &Path| -> u64 {
+        p.file_name().unwrap().to_str().unwrap()[1..]
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(
+        std::fs::read(&listed[0]).unwrap(),
+        noise(seed(&listed[0]), LEN)
+    );
+    // The warming runs in the background: wait until the cache holds the files after it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while used() - before_listing < data_bytes * 3 / 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let misses = stats(&h)["misses"].as_u64().unwrap();
+    for p in &listed[1..] {
+        assert_eq!(
+            std::fs::read(p).unwrap(),
+            noise(seed(p), LEN),
+            "{}",
+            p.display()
+        );
+    }
+    let missed = stats(&h)["misses"].as_u64().unwrap() - misses;
+    assert_eq!(missed, 0, "reads of warmed files that missed the cache");
+}
