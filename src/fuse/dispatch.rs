@@ -233,9 +233,19 @@ pub fn answer(
             out.u64(o);
             Ok(out.len())
         }
+        opcode::COPY_FILE_RANGE => {
+            // struct fuse_copy_file_range_in: fh_in, off_in, nodeid_out, fh_out, off_out,
+            // len, flags; the reply is a fuse_write_out (32-bit size).
+            let (off_in, ino_out) = (f.u64(8).ok_or_else(bad)?, f.u64(16).ok_or_else(bad)?);
+            let (off_out, len) = (f.u64(32).ok_or_else(bad)?, f.u64(40).ok_or_else(bad)?);
+            let n = ops.copy_range(ino, off_in, ino_out, off_out, len)?;
+            let mut out = Out::new(payload);
+            out.u32(n).u32(0);
+            Ok(out.len())
+        }
         // isatty() asks on every open; ENOTTY is the answer of a file that is no terminal.
         opcode::IOCTL => Err(Errno::ENOTTY),
-        // FLUSH (nothing is buffered), POLL, COPY_FILE_RANGE, locks, ...: the kernel
+        // FLUSH (nothing is buffered), POLL, locks, ...: the kernel
         // remembers ENOSYS and stops asking.
         _ => Err(Errno::ENOSYS),
     }

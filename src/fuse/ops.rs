@@ -30,6 +30,11 @@ pub(crate) const TTL: Duration = Duration::from_secs(1);
 /// pages at `fs.fuse.max_pages_limit` (256 unless root raises it; see README.md).
 pub(crate) const MAX_WRITE: u32 = 2 << 20;
 
+/// Most bytes one COPY_FILE_RANGE copies (a bound on how long it holds its queue), and how
+/// many at a time (a bulk write: see `Volume::write`).
+const COPY_MAX: u64 = 64 << 20;
+const COPY_PIECE: u64 = 1 << 20;
+
 /// Where file data is cached in RAM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum CacheMode {
@@ -361,10 +366,7 @@ impl Operations {
     ) -> Result<(), Errno> {
         let t = Instant::now();
         if offset == 0 {
-            let next = self.listed.reading(ino);
-            if !next.is_empty() {
-                self.volume.warm_files(next);
-            }
+            self.warm_after(ino);
         }
         let r = self.vol("read", |v| v.read_into(ino, offset, size, out));
         self.metrics.record(Op::Read, t, r.is_ok());
@@ -372,6 +374,54 @@ impl Operations {
             self.metrics.add_read_bytes(out.len() as u64);
         }
         r.map_err(errno)
+    }
+
+    /// A read of `ino` from its start: warms the small files listed after it.
+    fn warm_after(&self, ino: u64) {
+        self.volume.warm_files(self.listed.reading(ino));
+    }
+
+    /// copy_file_range(2) within the mount (`cp` copies with it): the bytes go from file to
+    /// file in the daemon, not through the kernel as a READ and a WRITE per piece. At most
+    /// [`COPY_MAX`] per request (the caller asks again); a failure after some bytes were
+    /// copied reports those, as a short write does.
+    pub(crate) fn copy_range(
+        &self,
+        ino_in: u64,
+        off_in: u64,
+        ino_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Result<u32, Errno> {
+        let t = Instant::now();
+        if off_in == 0 {
+            self.warm_after(ino_in);
+        }
+        let len = len.min(COPY_MAX);
+        let mut done = 0u64;
+        let mut buf = Vec::new();
+        let r = self.vol("copy_file_range", |v| {
+            while done < len {
+                let piece = (len - done).min(COPY_PIECE) as u32;
+                v.read_into(ino_in, off_in + done, piece, &mut buf)?;
+                if buf.is_empty() {
+                    break;
+                }
+                done += u64::from(v.write(ino_out, off_out + done, &buf)?);
+                if buf.len() < piece as usize {
+                    break; // the source's end
+                }
+            }
+            Ok(())
+        });
+        let ok = r.is_ok() || done > 0;
+        self.metrics.record(Op::Write, t, ok);
+        self.metrics.add_read_bytes(done);
+        self.metrics.add_written_bytes(done);
+        match r {
+            Err(e) if done == 0 => Err(errno(e)),
+            _ => Ok(done as u32),
+        }
     }
 
     pub(crate) fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {

@@ -50,6 +50,7 @@ pub mod opcode {
     pub const READDIRPLUS: u32 = 44;
     pub const RENAME2: u32 = 45;
     pub const LSEEK: u32 = 46;
+    pub const COPY_FILE_RANGE: u32 = 47;
 }
 
 /// `struct fuse_in_header` and `struct fuse_out_header`.
@@ -70,6 +71,7 @@ pub fn fixed_in_size(op: u32) -> usize {
         RELEASE | RELEASEDIR | FLUSH | LSEEK => 24,
         FALLOCATE | IOCTL => 32,
         READ | WRITE | READDIR | READDIRPLUS => 40,
+        COPY_FILE_RANGE => 56,
         SETATTR => 88,
         _ => 0,
     }

@@ -334,6 +334,9 @@ impl Volume {
     /// Brings small files, `(ino, size)`, into the cache in the background: a hint that they
     /// are read next (see `fuse::listing_prefetch`); nothing is reported.
     pub fn warm_files(&self, files: Vec<(u64, u64)>) {
+        if files.is_empty() {
+            return;
+        }
         self.readahead
             .fetch_files(&self.tenant, files, self.block_size, self.chunk_blocks);
     }

@@ -298,3 +298,68 @@ fn a_missing_name_is_looked_up_once_and_a_file_created_after_it_is_found() {
         assert!(std::fs::symlink_metadata(&missing).is_err(), "{transport}");
     }
 }
+
+/// copy_file_range(2) within a mount is served by the daemon, over both transports: the
+/// bytes go from file to file inside it (no READ request reaches the daemon during the
+/// copies; the kernel's fallback would send READ and WRITE per piece), a copy of 3 MiB that
+/// spans several pieces and one between offsets into a hole land byte for byte, and a copy
+/// from the end of the source copies nothing.
+#[test]
+fn copy_file_range_is_served_inside_the_daemon() {
+    enable_fuse_uring();
+    let h = Host::new("copyrange");
+    h.create_tenant("r");
+    h.create_tenant("d");
+    let d = start_daemon(&h, &h.root().join("notify"));
+    for (tenant, transport) in [("r", "uring"), ("d", "dev")] {
+        let mp = h.dir(&format!("m-{tenant}"));
+        let o = format!("transport={transport}");
+        h.ok(&["mount", "-o", &o, tenant, mp.to_str().unwrap()]);
+        let _g = h.guard(tenant, &mp, d.0.id());
+        let src = crate::common::noise(11, (3 << 20) + 123);
+        std::fs::write(mp.join("src"), &src).unwrap();
+        let calls = |op: &str| {
+            mount_stats(&h, tenant)["ops"][op]["calls"]
+                .as_u64()
+                .unwrap_or(0)
+        };
+        let reads = calls("read");
+        let script = format!(
+            "import os\n\
+             d = {dir:?}\n\
+             s = os.open(f'{{d}}/src', os.O_RDONLY)\n\
+             a = os.open(f'{{d}}/whole', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+             n = 0\n\
+             while True:\n\
+             \x20   k = os.copy_file_range(s, a, 1 << 30)\n\
+             \x20   if k == 0: break\n\
+             \x20   n += k\n\
+             assert n == {len}, n\n\
+             b = os.open(f'{{d}}/part', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+             assert os.copy_file_range(s, b, 10000, 5000, 70000) == 10000\n\
+             assert os.copy_file_range(s, b, 10, {len}, 0) == 0\n",
+            dir = mp.to_str().unwrap(),
+            len = src.len()
+        );
+        check(&mut cmd("python3", &["-c", &script]));
+        assert_eq!(
+            calls("read"),
+            reads,
+            "{transport}: the copies sent READ requests"
+        );
+        assert!(
+            std::fs::read(mp.join("whole")).unwrap() == src,
+            "{transport}: whole copy"
+        );
+        let part = std::fs::read(mp.join("part")).unwrap();
+        assert_eq!(part.len(), 80_000, "{transport}");
+        assert!(
+            part[..70_000].iter().all(|&b| b == 0),
+            "{transport}: the hole before"
+        );
+        assert!(
+            part[70_000..] == src[5000..15_000],
+            "{transport}: the copied range"
+        );
+    }
+}
