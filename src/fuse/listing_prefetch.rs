@@ -10,7 +10,7 @@
 //! What: each READDIRPLUS reply records, in listing order, the regular files of at most
 //! [`SMALL`] bytes it carried. When one of them is read from offset 0, the next
 //! [`AHEAD`] small files after it in its listing are warmed in the background
-//! ((`Volume::warm_files`)), unless an earlier read already asked for them. A
+//! (`Volume::warm_files`), unless an earlier read already asked for them. A
 //! listing nobody reads from (`ls -l`, `du`, `find`) costs no disk read. Only positions are
 //! kept: the last [`LISTINGS`] listings, each up to [`MAX_FILES`] files.
 
