@@ -260,14 +260,11 @@ fn dev_fuse_workers_grow_on_demand_and_an_idle_mount_keeps_one_thread() {
     d.terminate_cleanly(&[&m, &mr]);
 }
 
-/// A lookup that finds nothing is answered as a negative entry the kernel keeps for the
-/// TTL, over both transports: stats of a missing path in a row reach the daemon about once
-/// (each one did before: an ENOENT reply is forgotten at once), a file created after them is
-/// found, and once removed it is missing again.
-#[test]
-fn a_missing_name_is_looked_up_once_and_a_file_created_after_it_is_found() {
+/// Runs `body(host, tenant, transport, mountpoint)` on a tenant mounted through one daemon
+/// over FUSE's io_uring, then on another over /dev/fuse.
+fn on_both_transports(name: &str, body: impl Fn(&Host, &str, &str, &std::path::Path)) {
     enable_fuse_uring();
-    let h = Host::new("negentry");
+    let h = Host::new(name);
     h.create_tenant("r");
     h.create_tenant("d");
     let d = start_daemon(&h, &h.root().join("notify"));
@@ -276,9 +273,20 @@ fn a_missing_name_is_looked_up_once_and_a_file_created_after_it_is_found() {
         let o = format!("transport={transport}");
         h.ok(&["mount", "-o", &o, tenant, mp.to_str().unwrap()]);
         let _g = h.guard(tenant, &mp, d.0.id());
+        body(&h, tenant, transport, &mp);
+    }
+}
+
+/// A lookup that finds nothing is answered as a negative entry the kernel keeps for the
+/// TTL, over both transports: stats of a missing path in a row reach the daemon about once
+/// (each one did before: an ENOENT reply is forgotten at once), a file created after them is
+/// found, and once removed it is missing again.
+#[test]
+fn a_missing_name_is_looked_up_once_and_a_file_created_after_it_is_found() {
+    on_both_transports("negentry", |h, tenant, transport, mp| {
         // (an op with no calls yet is left out of the stats)
         let lookups = || {
-            mount_stats(&h, tenant)["ops"]["lookup"]["calls"]
+            mount_stats(h, tenant)["ops"]["lookup"]["calls"]
                 .as_u64()
                 .unwrap_or(0)
         };
@@ -296,7 +304,7 @@ fn a_missing_name_is_looked_up_once_and_a_file_created_after_it_is_found() {
         assert_eq!(std::fs::read(&missing).unwrap(), b"here now", "{transport}");
         std::fs::remove_file(&missing).unwrap();
         assert!(std::fs::symlink_metadata(&missing).is_err(), "{transport}");
-    }
+    });
 }
 
 /// copy_file_range(2) within a mount is served by the daemon, over both transports: the
@@ -306,38 +314,29 @@ fn a_missing_name_is_looked_up_once_and_a_file_created_after_it_is_found() {
 /// from the end of the source copies nothing.
 #[test]
 fn copy_file_range_is_served_inside_the_daemon() {
-    enable_fuse_uring();
-    let h = Host::new("copyrange");
-    h.create_tenant("r");
-    h.create_tenant("d");
-    let d = start_daemon(&h, &h.root().join("notify"));
-    for (tenant, transport) in [("r", "uring"), ("d", "dev")] {
-        let mp = h.dir(&format!("m-{tenant}"));
-        let o = format!("transport={transport}");
-        h.ok(&["mount", "-o", &o, tenant, mp.to_str().unwrap()]);
-        let _g = h.guard(tenant, &mp, d.0.id());
+    on_both_transports("copyrange", |h, tenant, transport, mp| {
         let src = crate::common::noise(11, (3 << 20) + 123);
         std::fs::write(mp.join("src"), &src).unwrap();
         let calls = |op: &str| {
-            mount_stats(&h, tenant)["ops"][op]["calls"]
+            mount_stats(h, tenant)["ops"][op]["calls"]
                 .as_u64()
                 .unwrap_or(0)
         };
         let reads = calls("read");
         let script = format!(
             "import os\n\
-             d = {dir:?}\n\
-             s = os.open(f'{{d}}/src', os.O_RDONLY)\n\
-             a = os.open(f'{{d}}/whole', os.O_WRONLY | os.O_CREAT, 0o644)\n\
-             n = 0\n\
-             while True:\n\
-             \x20   k = os.copy_file_range(s, a, 1 << 30)\n\
-             \x20   if k == 0: break\n\
-             \x20   n += k\n\
-             assert n == {len}, n\n\
-             b = os.open(f'{{d}}/part', os.O_WRONLY | os.O_CREAT, 0o644)\n\
-             assert os.copy_file_range(s, b, 10000, 5000, 70000) == 10000\n\
-             assert os.copy_file_range(s, b, 10, {len}, 0) == 0\n",
+         d = {dir:?}\n\
+         s = os.open(f'{{d}}/src', os.O_RDONLY)\n\
+         a = os.open(f'{{d}}/whole', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+         n = 0\n\
+         while True:\n\
+         \x20   k = os.copy_file_range(s, a, 1 << 30)\n\
+         \x20   if k == 0: break\n\
+         \x20   n += k\n\
+         assert n == {len}, n\n\
+         b = os.open(f'{{d}}/part', os.O_WRONLY | os.O_CREAT, 0o644)\n\
+         assert os.copy_file_range(s, b, 10000, 5000, 70000) == 10000\n\
+         assert os.copy_file_range(s, b, 10, {len}, 0) == 0\n",
             dir = mp.to_str().unwrap(),
             len = src.len()
         );
@@ -361,5 +360,5 @@ fn copy_file_range_is_served_inside_the_daemon() {
             part[70_000..] == src[5000..15_000],
             "{transport}: the copied range"
         );
-    }
+    });
 }
