@@ -18,7 +18,7 @@ pub mod slab;
 pub use blocks::{BlockCache, BlockCacheBuilder, BlockCacheStats, BlockHash, BlockRef, CacheError};
 pub use host::{HostCache, HostCacheStats};
 pub use rocks::{RocksBlockCache, RocksBlockCacheStats};
-pub(crate) use rocks_lru::SlabLruCache;
+pub(crate) use rocks_lru::{thread_misses, SlabLruCache};
 pub use slab::{SlabAllocator, SlabBox, SlabStats, SLAB_SIZE};
 
 /// This process's resident set size in bytes (the `Rss:` line of /proc/self/smaps_rollup):

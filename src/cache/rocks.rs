@@ -166,6 +166,33 @@ mod tests {
         cache.erase_raw(b"absent"); // nothing to erase: no effect
     }
 
+    /// What the neighbour warming of the volume relies on: the thread's counter moves by one
+    /// per lookup that missed on this thread, and not for a hit or for another thread's miss.
+    #[test]
+    fn the_thread_miss_counter_counts_this_threads_misses_only() {
+        let slabs = SlabAllocator::new();
+        let cache = RocksBlockCache::new(1 << 20, &slabs);
+        assert!(cache.insert_raw(b"here", &[1u8; 4096]));
+        let before = crate::cache::thread_misses();
+        assert!(cache.with_raw(b"here", |_| ()).is_some());
+        assert_eq!(crate::cache::thread_misses(), before, "a hit");
+        assert!(cache.with_raw(b"absent", |_| ()).is_none());
+        assert!(cache.with_raw(b"gone", |_| ()).is_none());
+        assert_eq!(crate::cache::thread_misses(), before + 2, "two misses");
+        let other = cache.clone();
+        std::thread::spawn(move || {
+            assert!(other.with_raw(b"elsewhere", |_| ()).is_none());
+            assert_eq!(crate::cache::thread_misses(), 1, "a new thread starts at 0");
+        })
+        .join()
+        .unwrap();
+        assert_eq!(
+            crate::cache::thread_misses(),
+            before + 2,
+            "not this thread's"
+        );
+    }
+
     #[test]
     fn the_slabs_outlive_the_cache_handle_until_rocksdb_drops_them() {
         let slabs = SlabAllocator::new();

@@ -20,6 +20,7 @@ extern "C" {
         slabs: *const c_void,
     ) -> *mut sys::rocksdb_cache_t;
     fn tenantfs_lru_cache_counters(cache: *const sys::rocksdb_cache_t, out: *mut u64);
+    fn tenantfs_cache_thread_misses() -> u64;
     fn tenantfs_cache_raw_insert(
         cache: *const sys::rocksdb_cache_t,
         key: *const c_char,
@@ -42,6 +43,14 @@ extern "C" {
     );
     #[cfg(test)]
     fn tenantfs_cache_uses_slabs(cache: *const sys::rocksdb_cache_t) -> i32;
+}
+
+/// Lookups that missed, in every cache `SlabLruCache::new` made, on the calling thread since
+/// it started: a reader compares it before and after a read to learn whether the read went to
+/// the disk (every block or extent read goes through one of these caches first).
+pub(crate) fn thread_misses() -> u64 {
+    // SAFETY: no arguments; the shim returns its own thread-local counter.
+    unsafe { tenantfs_cache_thread_misses() }
 }
 
 /// A RocksDB LRU cache whose blocks live in slab memory (see `shim.cc`).

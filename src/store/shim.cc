@@ -177,6 +177,10 @@ class SlabMemoryAllocator final : public MemoryAllocator {
   const void* slabs_;
 };
 
+// Misses of every counting cache on this thread: a reader compares it before and after a
+// read to learn whether the read went to the disk.
+thread_local uint64_t thread_misses = 0;
+
 struct CacheCounters {
   std::atomic<uint64_t> hits{0};
   std::atomic<uint64_t> misses{0};
@@ -205,7 +209,14 @@ class CountingCache final : public CacheWrapper {
         target_->Lookup(key, helper, create_context, priority, stats);
     (h != nullptr ? counters_->hits : counters_->misses)
         .fetch_add(1, std::memory_order_relaxed);
+    thread_misses += h == nullptr ? 1 : 0;
     return h;
+  }
+
+  // MultiGet looks its blocks up through here: the default defers to Lookup above, so they
+  // are counted too (CacheWrapper's would go to the target's Lookup directly).
+  void StartAsyncLookup(AsyncLookupHandle& async_handle) override {
+    Cache::StartAsyncLookup(async_handle);
   }
 
   const CacheCounters& counters() const { return *counters_; }
@@ -359,6 +370,9 @@ rocksdb_cache_t* tenantfs_lru_cache_new(size_t capacity, int num_shard_bits,
       std::make_shared<CountingCache>(std::move(lru), std::move(allocator),
                                       std::move(counters))};
 }
+
+// Misses of every counting cache on the calling thread since it started.
+uint64_t tenantfs_cache_thread_misses() { return thread_misses; }
 
 // hits, misses, evictions of a cache made by tenantfs_lru_cache_new.
 void tenantfs_lru_cache_counters(const rocksdb_cache_t* cache, uint64_t* out) {

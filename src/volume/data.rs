@@ -387,15 +387,14 @@ impl Volume {
         Ok(())
     }
 
-    pub fn read(&self, ino: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        self.read_into(ino, offset, size, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`Self::read`] into `out` (replacing what it held), so that a caller can reuse one
-    /// buffer: its pages stay mapped from one read to the next.
-    pub fn read_into(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
+    /// [`Self::read_into`] without the warming of the file's neighbours (`neighbours`).
+    pub(super) fn read_stored(
+        &self,
+        ino: u64,
+        offset: u64,
+        size: u32,
+        out: &mut Vec<u8>,
+    ) -> Result<()> {
         out.clear();
         let attr = self.getattr(ino)?;
         match attr.kind {

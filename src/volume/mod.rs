@@ -10,7 +10,7 @@
 //! The operations are grouped by what they touch: `namespace` (names and links), `data` (file
 //! bytes), `xattrs`, `orphans` (files freed after their last close); `types` holds the values
 //! they take and return, `error` the one error type. Layout and background upkeep: `codec`,
-//! `chunk`, `fold`, `readahead`, `blob_gc`, `extent_gc`, `graft`.
+//! `chunk`, `fold`, `readahead`, `neighbours`, `blob_gc`, `extent_gc`, `graft`.
 
 mod blob_gc;
 mod chunk;
@@ -22,6 +22,7 @@ mod fold;
 mod graft;
 mod locks;
 mod namespace;
+mod neighbours;
 mod orphans;
 mod readahead;
 #[cfg(test)]
@@ -42,6 +43,8 @@ pub use error::VolumeError;
 use fold::Folds;
 pub use graft::GraftNode;
 use locks::InodeLocks;
+use neighbours::Neighbours;
+pub(crate) use neighbours::SMALL as SMALL_FILE;
 use readahead::Readahead;
 #[cfg(test)]
 pub(crate) use testing::TestStore;
@@ -79,6 +82,7 @@ pub struct Volume {
     inodes: Arc<InodeLocks>,
     base: Option<Arc<dyn BaseBlocks>>,
     readahead: Readahead,
+    neighbours: Neighbours,
     folds: Folds,
     blob_gc: blob_gc::BlobGc,
 }
@@ -201,6 +205,7 @@ impl Volume {
             inodes,
             base: None,
             readahead: Readahead::default(),
+            neighbours: Neighbours::default(),
         };
         if volume.db().get(Family::Meta, GRAFTING_KEY)?.is_some() {
             return Err(VolumeError::Incomplete {

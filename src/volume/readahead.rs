@@ -16,10 +16,12 @@
 //! volume is gone.
 
 use std::collections::{BTreeSet, HashMap};
+use std::ops::Range;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
-use super::codec::{decode_chunk, lookup_keys, Chunk, ExtentKey, LookupKey};
+use super::codec::{decode_attr, decode_chunk, ino_key, lookup_keys, Chunk, ExtentKey, LookupKey};
+use super::FileKind;
 use crate::store::{Family, StoreError};
 use crate::tenants::Tenant;
 
@@ -167,6 +169,31 @@ impl Readahead {
         }));
     }
 
+    /// Fetches the small files among the inode numbers `inos` into the cache in one background
+    /// job: their inode records in one multi-get, then, as [`Self::fetch_files`], the bytes of
+    /// the regular files of at most `small` bytes, `max_bytes` of them at most (`limits`).
+    /// False when the pool's queue is full and nothing was queued.
+    pub fn fetch_inodes(
+        &self,
+        tenant: &Arc<Tenant>,
+        inos: Range<u64>,
+        limits: (u64, u64),
+        block_size: u64,
+        chunk_blocks: u64,
+    ) -> bool {
+        let jobs = Arc::clone(&self.jobs);
+        let tenant = Arc::downgrade(tenant);
+        submit(Box::new(move || {
+            jobs.run(|| {
+                if let Some(t) = tenant.upgrade() {
+                    // A hint, as `fetch`: the reader sees and reports a failure itself.
+                    let _ = small_files(&t, inos, limits)
+                        .and_then(|files| warm_files(&t, &files, block_size, chunk_blocks));
+                }
+            });
+        }))
+    }
+
     /// Refuses new background fetches and waits for the running ones.
     pub fn close(&self) {
         self.jobs.close();
@@ -244,6 +271,31 @@ fn warm_files(
         db.extent_files().read(&stored, |_, _| {})?;
     }
     Ok(())
+}
+
+/// The regular files among the inode numbers `inos` of at most `small` bytes, `(ino, size)`,
+/// in inode order until they would pass `max_bytes` (`limits`).
+fn small_files(
+    tenant: &Tenant,
+    inos: Range<u64>,
+    (small, max_bytes): (u64, u64),
+) -> Result<Vec<(u64, u64)>, StoreError> {
+    let keys: Vec<[u8; 8]> = inos.clone().map(ino_key).collect();
+    let (mut files, mut bytes) = (Vec::new(), 0);
+    tenant.db().multi_get(Family::Inodes, &keys, |i, v| {
+        let ino = inos.start + i as u64;
+        if let Some((a, _)) = decode_attr(ino, v) {
+            if a.kind == FileKind::File
+                && a.size > 0
+                && a.size <= small
+                && bytes + a.size <= max_bytes
+            {
+                bytes += a.size;
+                files.push((ino, a.size));
+            }
+        }
+    })?;
+    Ok(files)
 }
 
 /// The block keys among `keys` (named by `names`) whose chunk is not in `chunks`.

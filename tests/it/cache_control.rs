@@ -272,14 +272,23 @@ fn governor_shrinks_the_cache_in_a_capped_cgroup() {
 #[test]
 fn reading_a_listed_directory_in_order_warms_its_next_small_files() {
     const FILES: u64 = 24;
-    const LEN: usize = 12 << 10;
+    const NEIGHBOURS: u64 = 64;
+    // Large enough that the file data dwarfs the inode records the listing reads (spread
+    // over more blocks by the empty files between them).
+    const LEN: usize = 48 << 10;
     let h = Host::new("listwarm");
     h.create_tenant("t");
     let mp = h.dir("mp");
     let m = h.mount("t", &mp, "");
     std::fs::create_dir(m.join("d")).unwrap();
+    std::fs::create_dir(m.join("pad")).unwrap();
     for i in 0..FILES {
         write_synced(&m.join(&format!("d/f{i:02}")), &noise(i, LEN));
+        // Empty files between them: no two listed files are created next to each other, so
+        // only the listing can warm them (not the warming of a cold file's neighbours).
+        for j in 0..NEIGHBOURS {
+            std::fs::File::create(m.join(&format!("pad/{i}-{j}"))).unwrap();
+        }
     }
     m.umount(); // the files go to the store's files; the next process starts cold
     let m = h.mount("t", &mp, "");
@@ -321,4 +330,64 @@ fn reading_a_listed_directory_in_order_warms_its_next_small_files() {
     }
     let missed = stats(&h)["misses"].as_u64().unwrap() - misses;
     assert_eq!(missed, 0, "reads of warmed files that missed the cache");
+}
+
+/// Small files read in an order of their own, with no listing (`git checkout` reads its loose
+/// objects by hash, from many directories): the first one read from the disk warms the small
+/// files created next to it, so the others come from the cache.
+#[test]
+fn a_small_file_read_cold_warms_the_files_created_next_to_it() {
+    use std::os::unix::fs::MetadataExt;
+    const FILES: u64 = 40;
+    const LEN: usize = 12 << 10;
+    let h = Host::new("nbwarm");
+    h.create_tenant("t");
+    let mp = h.dir("mp");
+    let path = |root: &Path, i: u64| root.join(format!("d{}/f{i:02}", i % 4));
+    let m = h.mount("t", &mp, "");
+    for d in 0..4 {
+        std::fs::create_dir(m.join(&format!("d{d}"))).unwrap();
+    }
+    for i in 0..FILES {
+        write_synced(&path(&mp, i), &noise(i, LEN));
+    }
+    let inos: Vec<u64> = (0..FILES)
+        .map(|i| std::fs::metadata(path(&mp, i)).unwrap().ino())
+        .collect();
+    assert!(
+        inos.iter().all(|i| i / 64 == inos[0] / 64),
+        "the files are meant to be one group of 64 inode numbers: {inos:?}"
+    );
+    m.umount(); // the files go to the store's files; the next process starts cold
+    let _m = h.mount("t", &mp, "");
+    // Names and attributes first (no file data): only the reads below are measured.
+    for i in 0..FILES {
+        assert_eq!(std::fs::metadata(path(&mp, i)).unwrap().len(), LEN as u64);
+    }
+    let used = || stats(&h)["used_bytes"].as_u64().unwrap();
+    let before = used();
+    let order: Vec<u64> = (0..FILES).map(|k| (k * 17) % FILES).collect();
+    assert_eq!(
+        std::fs::read(path(&mp, order[0])).unwrap(),
+        noise(order[0], LEN)
+    );
+    // The warming runs in the background: wait until the cache holds the other files.
+    let data_bytes = FILES * LEN as u64;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while used() - before < data_bytes * 3 / 4 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let misses = stats(&h)["misses"].as_u64().unwrap();
+    for &i in &order[1..] {
+        assert_eq!(
+            std::fs::read(path(&mp, i)).unwrap(),
+            noise(i, LEN),
+            "file {i}"
+        );
+    }
+    let missed = stats(&h)["misses"].as_u64().unwrap() - misses;
+    assert_eq!(
+        missed, 0,
+        "reads of the warmed neighbours that missed the cache"
+    );
 }
