@@ -13,7 +13,7 @@
 //! bench_fio_suite [-- SECONDS]. Needs root, fio, /dev/fuse; turns FUSE over io_uring on.
 
 mod common;
-use common::daemon::{enable_fuse_uring, run, Daemon};
+use common::daemon::{enable_fuse_uring, run, SideBySide};
 
 use std::fs;
 use std::path::Path;
@@ -108,15 +108,12 @@ fn main() {
         .nth(1)
         .map_or(20, |s| s.parse().expect("SECONDS is a number"));
     enable_fuse_uring();
-    let tmp = tempfile::Builder::new()
-        .prefix("tenantfs-bench-fio-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let ext4 = tmp.path().join("ext4");
-    fs::create_dir_all(&ext4).unwrap();
-    let daemon = Daemon::start(&tmp.path().join("daemon"), "fio");
-    let mnt = tmp.path().join("mnt");
-    fs::create_dir_all(&mnt).unwrap();
+    let SideBySide {
+        daemon,
+        host: ext4,
+        mnt,
+        tmp: _tmp,
+    } = SideBySide::new("fio", "fio");
 
     let host = suite(&ext4, seconds, &drop_page_cache);
     let mut tenant = Vec::new();

@@ -14,7 +14,7 @@
 //! bench_fuse_request [-- CALLS]. Needs root, /dev/fuse and at least 2 CPUs.
 
 mod common;
-use common::daemon::{enable_fuse_uring, run, Daemon};
+use common::daemon::{enable_fuse_uring, run, SideBySide};
 
 use std::fs;
 use std::os::unix::fs::{FileExt, PermissionsExt};
@@ -76,15 +76,12 @@ fn main() {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     assert!(cpus >= 2, "needs 2 CPUs to compare same-CPU and cross-CPU");
     enable_fuse_uring();
-    let tmp = tempfile::Builder::new()
-        .prefix("tenantfs-bench-request-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let host = tmp.path().join("host");
-    fs::create_dir_all(&host).unwrap();
-    let daemon = Daemon::start(&tmp.path().join("daemon"), "rt");
-    let mnt = tmp.path().join("mnt");
-    fs::create_dir_all(&mnt).unwrap();
+    let SideBySide {
+        daemon,
+        host,
+        mnt,
+        tmp: _tmp,
+    } = SideBySide::new("request", "rt");
     let all = format!("0-{}", cpus - 1);
 
     let ext4 = costs(&host, calls);

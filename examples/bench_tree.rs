@@ -23,7 +23,7 @@
 //! /dev/fuse; perf (linux-perf) for the request counts, which are skipped without it.
 
 mod common;
-use common::daemon::{enable_fuse_uring, run, Daemon};
+use common::daemon::{enable_fuse_uring, run, Daemon, SideBySide};
 use common::median;
 
 use std::collections::BTreeMap;
@@ -186,10 +186,12 @@ fn main() {
     let rounds: usize = std::env::args()
         .nth(1)
         .map_or(2, |s| s.parse().expect("ROUNDS is a number"));
-    let tmp = tempfile::Builder::new()
-        .prefix("tenantfs-bench-tree-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let SideBySide {
+        daemon,
+        host,
+        mnt,
+        tmp,
+    } = SideBySide::new("tree", "tree");
     let tar = tmp.path().join("tree.tar");
     run(Command::new("tar")
         .arg("cf")
@@ -219,11 +221,6 @@ fn main() {
     ));
     fs::remove_dir_all(&src).unwrap();
 
-    let host = tmp.path().join("host");
-    fs::create_dir_all(&host).unwrap();
-    let daemon = Daemon::start(&tmp.path().join("daemon"), "tree");
-    let mnt = tmp.path().join("mnt");
-    fs::create_dir_all(&mnt).unwrap();
     enable_fuse_uring();
     const TRANSPORTS: [&str; 2] = ["uring", "dev"];
 

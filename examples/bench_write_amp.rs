@@ -16,7 +16,7 @@
 //! bench_write_amp [-- SETTLE] (default 5 s). Needs root, fio, /dev/fuse.
 
 mod common;
-use common::daemon::Daemon;
+use common::daemon::SideBySide;
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -131,15 +131,12 @@ fn main() {
             .nth(1)
             .map_or(5, |s| s.parse().expect("SETTLE is a number of seconds")),
     );
-    let tmp = tempfile::Builder::new()
-        .prefix("tenantfs-bench-amp-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let ext4 = tmp.path().join("ext4");
-    fs::create_dir_all(&ext4).unwrap();
-    let daemon = Daemon::start(&tmp.path().join("daemon"), "amp");
-    let mnt = tmp.path().join("mnt");
-    fs::create_dir_all(&mnt).unwrap();
+    let SideBySide {
+        daemon,
+        host: ext4,
+        mnt,
+        tmp,
+    } = SideBySide::new("amp", "amp");
     daemon.mount("amp", &mnt, "auto");
     let stat = disk_stat(tmp.path());
     let tenant = passes(&mnt, &stat, quiet, Some(daemon.pid()));

@@ -96,3 +96,35 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// What a side-by-side benchmark works in: under one temporary directory in /var/tmp (a disk
+/// filesystem: host ext4 here), a directory of the host's own and a daemon with an empty
+/// mount point. Dropped in this order: the daemon before the directory it lives in.
+pub struct SideBySide {
+    pub daemon: Daemon,
+    /// The host filesystem's side.
+    pub host: PathBuf,
+    /// Where the benchmark mounts the tenant.
+    pub mnt: PathBuf,
+    pub tmp: tempfile::TempDir,
+}
+
+impl SideBySide {
+    /// `name` names the temporary directory (`tenantfs-bench-NAME-*`); `tenant` is created.
+    pub fn new(name: &str, tenant: &str) -> Self {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("tenantfs-bench-{name}-"))
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let (host, mnt) = (tmp.path().join("host"), tmp.path().join("mnt"));
+        fs::create_dir_all(&host).unwrap();
+        fs::create_dir_all(&mnt).unwrap();
+        let daemon = Daemon::start(&tmp.path().join("daemon"), tenant);
+        Self {
+            daemon,
+            host,
+            mnt,
+            tmp,
+        }
+    }
+}
