@@ -16,7 +16,11 @@
 //! synchronous ones times what a request costs when the daemon has nothing to do (a statfs
 //! loop on the mount, less the same loop on ext4), against the step's ext4 time. A floor
 //! above 2x ext4 means no daemon-side work can bring the step under 2x; only fewer round
-//! trips or cheaper ones can.
+//! trips or cheaper ones can. Every timed tenant step also reads the daemon's own account of
+//! the time it spent answering requests (`busy_us` in `tenantfs stats --json`): the step's
+//! time less that is what the round trips and the caller took, the time a daemon answering
+//! in no time would still take with the same requests. (Busy time includes requests nobody
+//! waited for, such as RELEASE, so the rest is if anything an underestimate.)
 //!
 //! usage: cargo build --release --bins --examples && cargo run --release --example bench_tree
 //! [-- ROUNDS] (default 2; the table shows the median of the rounds). Needs root, tar, git,
@@ -126,10 +130,41 @@ fn steps(
     });
 }
 
-/// Seconds per step.
-fn timed_steps(dir: &Path, tar: &Path, repo: &Path, daemon: Option<&Daemon>) -> [f64; 5] {
-    let mut t = [0.0; 5];
-    steps(dir, tar, repo, daemon, &mut |i, step| t[i] = timed(step));
+/// One step's numbers: seconds, and for the tenant the daemon's time answering requests
+/// (seconds) and how many it answered.
+#[derive(Clone, Copy, Default)]
+struct Timed {
+    secs: f64,
+    busy: f64,
+    requests: u64,
+}
+
+/// The daemon's request count and busy seconds for the mount of tenant `tree`.
+fn busy(daemon: &Daemon) -> (u64, f64) {
+    let out = daemon.cli(&["stats", "--json"]).output().unwrap();
+    assert!(out.status.success(), "tenantfs stats failed");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m = v["mounts"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["tenant"] == "tree"))
+        .expect("tenant tree is mounted");
+    (
+        m["requests"].as_u64().unwrap_or(0),
+        m["busy_us"].as_u64().unwrap_or(0) as f64 / 1e6,
+    )
+}
+
+/// Each step timed; on the tenant, with the daemon's busy time and requests during it.
+fn timed_steps(dir: &Path, tar: &Path, repo: &Path, daemon: Option<&Daemon>) -> [Timed; 5] {
+    let mut t = [Timed::default(); 5];
+    steps(dir, tar, repo, daemon, &mut |i, step| {
+        let before = daemon.map(busy);
+        t[i].secs = timed(step);
+        if let (Some(d), Some((n0, b0))) = (daemon, before) {
+            let (n1, b1) = busy(d);
+            (t[i].requests, t[i].busy) = (n1 - n0, b1 - b0);
+        }
+    });
     t
 }
 
@@ -229,7 +264,7 @@ fn main() {
     for _ in 0..rounds {
         let a = timed_steps(&host, &tar, &repo, None);
         for i in 0..STEPS.len() {
-            ext4[i].push(a[i]);
+            ext4[i].push(a[i].secs);
         }
         for (k, transport) in TRANSPORTS.iter().enumerate() {
             daemon.mount("tree", &mnt, transport);
@@ -261,14 +296,38 @@ fn main() {
         "| step | host ext4 s | tenantfs io_uring s | / ext4 | tenantfs /dev/fuse s | / ext4 |"
     );
     println!("|---|---:|---:|---:|---:|---:|");
+    let secs = |runs: &[Timed], f: fn(&Timed) -> f64| median(runs.iter().map(f).collect());
     for (i, step) in STEPS.iter().enumerate() {
         let a = median(ext4[i].clone());
-        let u = median(tenant[0][i].clone());
-        let d = median(tenant[1][i].clone());
+        let u = secs(&tenant[0][i], |t| t.secs);
+        let d = secs(&tenant[1][i], |t| t.secs);
         println!(
             "| {step} | {a:.2} | {u:.2} | {:.2} | {d:.2} | {:.2} |",
             u / a,
             d / a
+        );
+    }
+
+    // What the daemon's own work took, and what was left: the round trips and the caller.
+    println!();
+    println!(
+        "where the time over the ring went (medians): the daemon's time answering requests \
+         (busy, its own metric) and the rest, which a daemon answering in no time would still take"
+    );
+    println!(
+        "| step | io_uring s | requests | daemon busy s | us per request | rest s | rest / ext4 |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (i, step) in STEPS.iter().enumerate() {
+        let runs = &tenant[0][i];
+        let u = secs(runs, |t| t.secs);
+        let b = secs(runs, |t| t.busy);
+        let n = secs(runs, |t| t.requests as f64);
+        let rest = secs(runs, |t| t.secs - t.busy);
+        println!(
+            "| {step} | {u:.2} | {n:.0} | {b:.2} | {:.1} | {rest:.2} | {:.2} |",
+            b * 1e6 / n.max(1.0),
+            rest / median(ext4[i].clone())
         );
     }
 

@@ -94,6 +94,13 @@ pub struct MountActivity {
     pub written_bytes: u64,
     /// Requests answered over FUSE's io_uring (the rest came over /dev/fuse).
     pub ring_requests: u64,
+    /// FUSE requests answered (every opcode, both transports), and the time spent answering
+    /// them, from the request's arrival in the daemon to its reply's bytes: a step's time
+    /// less this is what the round trips and the caller took (see `bench_tree`).
+    #[serde(default)]
+    pub requests: u64,
+    #[serde(default)]
+    pub busy_us: u64,
     /// Threads reading /dev/fuse for the mount now (they start on demand from one), and the
     /// most there were at once.
     #[serde(default)]
@@ -110,6 +117,8 @@ pub struct MountMetrics {
     written_bytes: AtomicU64,
     /// Requests answered over FUSE's io_uring (the rest came over /dev/fuse).
     ring_requests: AtomicU64,
+    requests: AtomicU64,
+    busy_ns: AtomicU64,
     fuse_workers: AtomicU64,
     fuse_workers_peak: AtomicU64,
 }
@@ -146,6 +155,13 @@ impl MountMetrics {
 
     pub fn add_ring_request(&self) {
         self.ring_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records one FUSE request (any opcode) whose answer started at `start` and is ready.
+    pub fn record_request(&self, start: Instant) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.busy_ns
+            .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// The mount's /dev/fuse workers are `n` now.
@@ -196,6 +212,8 @@ impl MountMetrics {
             read_bytes: self.read_bytes.load(Ordering::Relaxed),
             written_bytes: self.written_bytes.load(Ordering::Relaxed),
             ring_requests: self.ring_requests.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+            busy_us: self.busy_ns.load(Ordering::Relaxed) / 1000,
             fuse_workers: self.fuse_workers.load(Ordering::Relaxed),
             fuse_workers_peak: self.fuse_workers_peak.load(Ordering::Relaxed),
         }
@@ -320,6 +338,26 @@ pub fn encode_mounts(
         ),
         |m| load(&m.ring_requests),
     )?;
+    encode_mount_value(
+        encoder,
+        mounts,
+        (
+            "tenantfs_fuse_requests",
+            "FUSE requests answered (every opcode, both transports).",
+            MetricType::Counter,
+        ),
+        |m| load(&m.requests),
+    )?;
+    let mut family = encoder.encode_descriptor(
+        "tenantfs_fuse_busy_seconds",
+        "Time spent answering FUSE requests, from their arrival in the daemon to their replies.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (tenant, m) in mounts {
+        let labels = [("tenant", Escaped(tenant))];
+        ConstCounter::new(load(&m.busy_ns) as f64 / 1e9).encode(family.encode_family(&labels)?)?;
+    }
     encode_mount_value(
         encoder,
         mounts,
@@ -535,6 +573,11 @@ mod tests {
         m.add_read_bytes(4096);
         m.set_fuse_workers(3);
         m.set_fuse_workers(1);
+        // Two requests answered, one of them after 2 ms of work.
+        m.record_request(Instant::now());
+        let busy = Instant::now();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        m.record_request(busy);
         let host = HostNumbers {
             mounts: 2,
             cache_hits: 7,
@@ -560,6 +603,9 @@ mod tests {
             "tenantfs_read_bytes_total{tenant=\"we\\\"ird\\\\name\\n\"} 0",
             "# TYPE tenantfs_fuse_workers gauge",
             "tenantfs_fuse_workers{tenant=\"alice\"} 1",
+            "tenantfs_fuse_requests_total{tenant=\"alice\"} 2",
+            "# TYPE tenantfs_fuse_busy_seconds counter",
+            "tenantfs_fuse_busy_seconds_total{tenant=\"alice\"} 0.00",
             "# TYPE tenantfs_mounts gauge",
             "tenantfs_mounts 2",
             "# HELP tenantfs_cache_hits Host cache hits.",
@@ -574,6 +620,13 @@ mod tests {
         assert_eq!(s.ops["read"].errors, 1);
         assert!(!s.ops.contains_key("write"));
         assert_eq!((s.fuse_workers, s.fuse_workers_peak), (1, 3));
+        assert_eq!(s.requests, 2);
+        assert!(s.busy_us >= 2_000, "{}", s.busy_us);
+        assert!(
+            s.busy_us < t.elapsed().as_micros() as u64 + 1,
+            "{}",
+            s.busy_us
+        );
     }
 
     #[test]

@@ -3,6 +3,8 @@
 //! holds it in its op area; over /dev/fuse it is split off by its size); the reply goes into
 //! the payload buffer once the request's arguments have been used.
 
+use std::time::Instant;
+
 use fuser::Errno;
 
 use super::wire::{self as abi, fattr, opcode, Fields, InHeader, Out};
@@ -10,8 +12,9 @@ use crate::fuse::ops::{system_time, Operations, Xattr, TTL};
 use crate::volume::{Owner, SetAttr};
 
 /// Answers one request as [`answer`] does, as the out-header's error (0 or a negative errno)
-/// and the reply's payload length. A panic while answering fails that request with EIO: the
-/// thread that serves it must keep serving, or its requests would wait forever.
+/// and the reply's payload length, and counts it and its time in the mount's metrics. A panic
+/// while answering fails that request with EIO: the thread that serves it must keep serving,
+/// or its requests would wait forever.
 pub fn answer_or_eio(
     ops: &Operations,
     h: &InHeader,
@@ -20,9 +23,11 @@ pub fn answer_or_eio(
     in_len: usize,
     scratch: &mut Vec<u8>,
 ) -> (i32, usize) {
+    let start = Instant::now();
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         answer(ops, h, op_in, payload, in_len, scratch)
     }));
+    ops.metrics.record_request(start);
     // A buffer grown by an unusually large read is not kept.
     if scratch.capacity() > 2 * super::ops::MAX_WRITE as usize {
         *scratch = Vec::new();

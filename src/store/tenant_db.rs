@@ -395,6 +395,7 @@ impl TenantDb {
         Batch {
             db: self,
             inner: WriteBatch::default(),
+            written: Vec::new(),
         }
     }
 
@@ -404,14 +405,18 @@ impl TenantDb {
         Batch {
             db: self,
             inner: WriteBatch::with_capacity_bytes(bytes),
+            written: Vec::new(),
         }
     }
 
     pub fn write(&self, batch: Batch<'_>) -> Result<(), StoreError> {
         self.resume_if_stopped()?;
+        let Batch { inner, written, .. } = batch;
         self.db
-            .write(batch.inner)
-            .map_err(|e| self.write_error("write", e))
+            .write(inner)
+            .map_err(|e| self.write_error("write", e))?;
+        written.into_iter().for_each(|f| f());
+        Ok(())
     }
 
     /// [`Self::write`] without the WAL: for bulk data, which would otherwise be written twice
@@ -442,9 +447,12 @@ impl TenantDb {
         self.resume_if_stopped()?;
         let mut opts = rocksdb::WriteOptions::default();
         opts.disable_wal(true);
+        let Batch { inner, written, .. } = batch;
         self.db
-            .write_opt(batch.inner, &opts)
-            .map_err(|e| self.write_error("write", e))
+            .write_opt(inner, &opts)
+            .map_err(|e| self.write_error("write", e))?;
+        written.into_iter().for_each(|f| f());
+        Ok(())
     }
 
     /// Makes every write so far durable: syncs the WAL, after flushing the memtables if a
@@ -586,9 +594,18 @@ impl TenantDb {
 pub struct Batch<'a> {
     db: &'a TenantDb,
     inner: WriteBatch,
+    /// Run in order once the batch is written, never if the write fails.
+    written: Vec<Box<dyn FnOnce()>>,
 }
 
 impl Batch<'_> {
+    /// Runs `f` once this batch is in the store (before the write returns), not if the write
+    /// fails: what a caller keeps in step with what it wrote, such as a cache of its records,
+    /// changes only with the store.
+    pub fn when_written(&mut self, f: impl FnOnce() + 'static) {
+        self.written.push(Box::new(f));
+    }
+
     pub fn put(&mut self, family: Family, key: &[u8], value: &[u8]) {
         self.inner.put_cf(self.db.cf(family), key, value);
     }

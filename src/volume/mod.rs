@@ -20,6 +20,7 @@ mod error;
 mod extent_gc;
 mod fold;
 mod graft;
+mod inode_cache;
 mod locks;
 mod namespace;
 mod neighbours;
@@ -42,6 +43,7 @@ use error::Result;
 pub use error::VolumeError;
 use fold::Folds;
 pub use graft::GraftNode;
+use inode_cache::InodeCache;
 use locks::InodeLocks;
 use neighbours::Neighbours;
 pub(crate) use neighbours::SMALL as SMALL_FILE;
@@ -83,6 +85,8 @@ pub struct Volume {
     base: Option<Arc<dyn BaseBlocks>>,
     readahead: Readahead,
     neighbours: Neighbours,
+    /// Recently read and written inode records (see `inode_cache`).
+    records: Arc<InodeCache>,
     folds: Folds,
     blob_gc: blob_gc::BlobGc,
 }
@@ -206,6 +210,7 @@ impl Volume {
             base: None,
             readahead: Readahead::default(),
             neighbours: Neighbours::default(),
+            records: Arc::default(),
         };
         if volume.db().get(Family::Meta, GRAFTING_KEY)?.is_some() {
             return Err(VolumeError::Incomplete {
@@ -244,13 +249,19 @@ impl Volume {
 
     /// Reads an inode record: attributes and the symlink target (empty for others).
     fn load(&self, ino: u64) -> Result<(Attr, Vec<u8>)> {
+        if let Some(record) = self.records.get(ino) {
+            return Ok(record);
+        }
+        let before = self.records.generation(ino);
         let raw = self
             .db()
             .get(Family::Inodes, &ino_key(ino))?
             .ok_or(VolumeError::NotFound)?;
         let (mut attr, target) = decode_attr(ino, &raw).ok_or_else(|| self.damaged(ino))?;
         attr.blocks = self.allocated_blocks(&attr);
-        Ok((attr, target.to_vec()))
+        let record = (attr, target.to_vec());
+        self.records.fill(ino, before, record.clone());
+        Ok(record)
     }
 
     fn allocated_blocks(&self, attr: &Attr) -> u64 {
@@ -263,13 +274,23 @@ impl Volume {
 
     /// Puts an inode record; `target` (a symlink's target) is stored only for symlinks, so
     /// callers pass what they loaded without checking the kind.
+    /// Callers hold the inode's lock until `b` is written, so records reach the cache in the
+    /// order they reach the store.
     fn store_attr(&self, b: &mut crate::store::Batch<'_>, attr: &Attr, target: &[u8]) {
         let target = (attr.kind == FileKind::Symlink).then_some(target);
-        b.put(
-            Family::Inodes,
-            &ino_key(attr.ino),
-            &encode_attr(attr, target),
-        );
+        let encoded = encode_attr(attr, target);
+        b.put(Family::Inodes, &ino_key(attr.ino), &encoded);
+        // The record exactly as `load` would read it back.
+        let ino = attr.ino;
+        let record = decode_attr(ino, &encoded).map(|(mut cached, target)| {
+            cached.blocks = self.allocated_blocks(&cached);
+            (cached, target.to_vec())
+        });
+        let records = Arc::clone(&self.records);
+        b.when_written(move || match record {
+            Some(record) => records.written(ino, record),
+            None => records.removed(ino),
+        });
     }
 
     pub fn getattr(&self, ino: u64) -> Result<Attr> {

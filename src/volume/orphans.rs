@@ -65,6 +65,8 @@ impl Volume {
     fn purge(&self, ino: u64) -> Result<()> {
         let mut b = self.db().batch();
         b.delete(Family::Inodes, &ino_key(ino));
+        let records = std::sync::Arc::clone(&self.records);
+        b.when_written(move || records.removed(ino));
         self.delete_keys(
             &mut b,
             Family::Extents,

@@ -149,6 +149,12 @@ fn io_uring_and_dev_fuse_transports_serve_side_by_side() {
     let (r, dv) = (mount_stats(&h, "r"), mount_stats(&h, "d"));
     assert!(r["ring_requests"].as_u64().unwrap() >= 15, "{r}");
     assert_eq!(dv["ring_requests"].as_u64(), Some(0), "{dv}");
+    // Every request counts, over either transport, with the time spent answering it.
+    for m in [&r, &dv] {
+        let n = m["requests"].as_u64().unwrap();
+        assert!(n >= 15 && n >= m["ring_requests"].as_u64().unwrap(), "{m}");
+        assert!(m["busy_us"].as_u64().unwrap() > 0, "{m}");
+    }
     assert!(r["ops"]["write"]["calls"].as_u64().unwrap() >= 1, "{r}");
     h.ok(&["umount", mr.to_str().unwrap()]);
     let t = Instant::now();
