@@ -131,16 +131,7 @@ impl Readahead {
         while block < end_block {
             let upto = (block + per_job).min(end_block);
             let (keys, names) = lookup_keys(ino, block, upto - 1, chunk_blocks);
-            let jobs = Arc::clone(&self.jobs);
-            let tenant = Arc::downgrade(tenant);
-            let queued = submit(Box::new(move || {
-                jobs.run(|| {
-                    if let Some(t) = tenant.upgrade() {
-                        // A hint: a failed fetch is the reader's to see and report.
-                        let _ = warm(&t, &keys, &names, chunk_blocks);
-                    }
-                });
-            }));
+            let queued = self.queue(tenant, move |t| warm(t, &keys, &names, chunk_blocks));
             if !queued {
                 return;
             }
@@ -157,16 +148,9 @@ impl Readahead {
         block_size: u64,
         chunk_blocks: u64,
     ) {
-        let jobs = Arc::clone(&self.jobs);
-        let tenant = Arc::downgrade(tenant);
-        submit(Box::new(move || {
-            jobs.run(|| {
-                if let Some(t) = tenant.upgrade() {
-                    // A hint, as `fetch`: the reader sees and reports a failure itself.
-                    let _ = warm_files(&t, &files, block_size, chunk_blocks);
-                }
-            });
-        }));
+        self.queue(tenant, move |t| {
+            warm_files(t, &files, block_size, chunk_blocks)
+        });
     }
 
     /// Fetches the small files among the inode numbers `inos` into the cache in one background
@@ -181,14 +165,26 @@ impl Readahead {
         block_size: u64,
         chunk_blocks: u64,
     ) -> bool {
+        self.queue(tenant, move |t| {
+            small_files(t, inos, limits)
+                .and_then(|files| warm_files(t, &files, block_size, chunk_blocks))
+        })
+    }
+
+    /// Queues `job` on the pool as one of this volume's jobs, run on `tenant`'s store if it is
+    /// still open. Its failure is dropped: a fetch is a hint, and the reader sees and reports
+    /// a failure itself. False when the pool's queue is full and nothing was queued.
+    fn queue(
+        &self,
+        tenant: &Arc<Tenant>,
+        job: impl FnOnce(&Tenant) -> Result<(), StoreError> + Send + 'static,
+    ) -> bool {
         let jobs = Arc::clone(&self.jobs);
         let tenant = Arc::downgrade(tenant);
         submit(Box::new(move || {
             jobs.run(|| {
                 if let Some(t) = tenant.upgrade() {
-                    // A hint, as `fetch`: the reader sees and reports a failure itself.
-                    let _ = small_files(&t, inos, limits)
-                        .and_then(|files| warm_files(&t, &files, block_size, chunk_blocks));
+                    let _ = job(&t);
                 }
             });
         }))
