@@ -94,6 +94,12 @@ pub struct MountActivity {
     pub written_bytes: u64,
     /// Requests answered over FUSE's io_uring (the rest came over /dev/fuse).
     pub ring_requests: u64,
+    /// Ring submissions of replies made as SCHED_IDLE so that their callers stay on their
+    /// CPU, and those that ran behind other work (each pauses the hand-off; `fuse::ring`).
+    #[serde(default)]
+    pub ring_handoffs: u64,
+    #[serde(default)]
+    pub ring_handoff_stalls: u64,
     /// FUSE requests answered (every opcode, both transports), and the time spent answering
     /// them, from the request's arrival in the daemon to its reply's bytes: a step's time
     /// less this is what the round trips and the caller took (see `bench_tree`).
@@ -117,6 +123,8 @@ pub struct MountMetrics {
     written_bytes: AtomicU64,
     /// Requests answered over FUSE's io_uring (the rest came over /dev/fuse).
     ring_requests: AtomicU64,
+    ring_handoffs: AtomicU64,
+    ring_handoff_stalls: AtomicU64,
     requests: AtomicU64,
     busy_ns: AtomicU64,
     fuse_workers: AtomicU64,
@@ -155,6 +163,14 @@ impl MountMetrics {
 
     pub fn add_ring_request(&self) {
         self.ring_requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Records one hand-off of ring replies, and whether it ran behind other work.
+    pub fn record_handoff(&self, stalled: bool) {
+        self.ring_handoffs.fetch_add(1, Ordering::Relaxed);
+        if stalled {
+            self.ring_handoff_stalls.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Records one FUSE request (any opcode) whose answer started at `start` and is ready.
@@ -212,6 +228,8 @@ impl MountMetrics {
             read_bytes: self.read_bytes.load(Ordering::Relaxed),
             written_bytes: self.written_bytes.load(Ordering::Relaxed),
             ring_requests: self.ring_requests.load(Ordering::Relaxed),
+            ring_handoffs: self.ring_handoffs.load(Ordering::Relaxed),
+            ring_handoff_stalls: self.ring_handoff_stalls.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             busy_us: self.busy_ns.load(Ordering::Relaxed) / 1000,
             fuse_workers: self.fuse_workers.load(Ordering::Relaxed),
@@ -337,6 +355,26 @@ pub fn encode_mounts(
             MetricType::Counter,
         ),
         |m| load(&m.ring_requests),
+    )?;
+    encode_mount_value(
+        encoder,
+        mounts,
+        (
+            "tenantfs_fuse_ring_handoffs",
+            "Ring reply submissions made as SCHED_IDLE so that their callers stay on their CPU.",
+            MetricType::Counter,
+        ),
+        |m| load(&m.ring_handoffs),
+    )?;
+    encode_mount_value(
+        encoder,
+        mounts,
+        (
+            "tenantfs_fuse_ring_handoff_stalls",
+            "Ring hand-offs that ran behind other work (each pauses the hand-off).",
+            MetricType::Counter,
+        ),
+        |m| load(&m.ring_handoff_stalls),
     )?;
     encode_mount_value(
         encoder,

@@ -113,6 +113,8 @@ pub struct InHeader {
     pub nodeid: u64,
     pub uid: u32,
     pub gid: u32,
+    /// The calling thread (0 for requests the kernel sends on its own).
+    pub pid: u32,
 }
 
 impl InHeader {
@@ -124,6 +126,7 @@ impl InHeader {
             nodeid: f.u64(16)?,
             uid: f.u32(24)?,
             gid: f.u32(28)?,
+            pid: f.u32(32)?,
         })
     }
 }
@@ -408,6 +411,7 @@ mod tests {
         h[16..24].copy_from_slice(&5u64.to_le_bytes());
         h[24..28].copy_from_slice(&1000u32.to_le_bytes());
         h[28..32].copy_from_slice(&100u32.to_le_bytes());
+        h[32..36].copy_from_slice(&4242u32.to_le_bytes());
         let p = InHeader::parse(&h).unwrap();
         assert_eq!(
             p,
@@ -416,7 +420,8 @@ mod tests {
                 unique: 99,
                 nodeid: 5,
                 uid: 1000,
-                gid: 100
+                gid: 100,
+                pid: 4242,
             }
         );
         assert!(InHeader::parse(&h[..20]).is_none());

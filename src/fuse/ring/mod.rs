@@ -15,6 +15,7 @@
 //! entries at unmount (ENOTCONN) or when [`Ring::stop`] wakes them.
 
 mod abi;
+mod handoff;
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -161,8 +162,9 @@ impl Ring {
     /// left running on error. The queues register once the device is set.
     pub fn start(&self, ops: Arc<Operations>) -> io::Result<usize> {
         let mut prepared = Vec::new();
+        let callers = Arc::new(handoff::Callers::default());
         for (qid, cpu) in possible_cpus()?.into_iter().enumerate() {
-            prepared.push(Queue::new(qid as u16, cpu)?);
+            prepared.push(Queue::new(qid as u16, cpu, callers.clone())?);
         }
         let n = prepared.len();
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
@@ -256,10 +258,11 @@ struct Queue {
     uring: IoUring<squeue::Entry128, cqueue::Entry>,
     entries: Vec<Entry>,
     scratch: Vec<u8>,
+    handoff: handoff::Handoff,
 }
 
 impl Queue {
-    fn new(qid: u16, cpu: usize) -> io::Result<Self> {
+    fn new(qid: u16, cpu: usize, callers: Arc<handoff::Callers>) -> io::Result<Self> {
         let stop = nix::sys::eventfd::EventFd::from_flags(nix::sys::eventfd::EfdFlags::EFD_CLOEXEC)
             .map_err(io::Error::from)?;
         let mut builder = IoUring::<squeue::Entry128, cqueue::Entry>::builder();
@@ -279,6 +282,7 @@ impl Queue {
                 .map(|_| Entry::new())
                 .collect::<io::Result<_>>()?,
             scratch: Vec::new(),
+            handoff: handoff::Handoff::new(callers, qid),
         })
     }
 
@@ -345,6 +349,18 @@ impl Queue {
         let mut completions = Vec::with_capacity(ENTRIES_PER_QUEUE + 1);
         let mut submitted = false;
         loop {
+            if submitted && !self.uring.submission().is_empty() && self.handoff.next() {
+                // The replies go alone, so that their callers wake while this thread yields.
+                let (handoff, uring) = (&mut self.handoff, &self.uring);
+                match handoff.hand_off(&ops.metrics, || uring.submit()) {
+                    Err(e) if e.raw_os_error() != Some(libc::EINTR) => {
+                        tracing::error!(qid = self.qid, error = %e, "FUSE ring queue failed");
+                        return;
+                    }
+                    // Submitted, or left for the wait below.
+                    _ => {}
+                }
+            }
             match self.uring.submit_and_wait(1) {
                 Ok(_) => submitted = true,
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -435,6 +451,7 @@ impl Queue {
             return;
         };
         ops.metrics.add_ring_request();
+        self.handoff.saw(h.pid);
         let op_in = &e.header[abi::OP_IN..abi::OP_IN + 128];
         let (error, len) =
             dispatch::answer_or_eio(ops, &h, op_in, &mut e.payload, in_len, &mut self.scratch);

@@ -266,6 +266,86 @@ fn dev_fuse_workers_grow_on_demand_and_an_idle_mount_keeps_one_thread() {
     d.terminate_cleanly(&[&m, &mr]);
 }
 
+/// The scheduling policy of each of `pid`'s threads named `prefix` (field 41 of its stat).
+fn policies(pid: u32, prefix: &str) -> Vec<u32> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
+        })
+        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .map(|stat| {
+            let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+            after_name.split(' ').nth(41 - 3).unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+/// A caller whose request arrives on another CPU's ring queue than its last one was moved by
+/// the scheduler: that queue then hands its replies to the kernel as SCHED_IDLE, so that its
+/// callers wake where they slept (`stats` counts each hand-off), and its thread is back at
+/// SCHED_OTHER afterwards, never left waiting behind the CPU's other threads.
+#[test]
+fn a_caller_moved_between_cpus_gets_its_replies_handed_off() {
+    use std::os::unix::fs::FileExt;
+    enable_fuse_uring();
+    let possible = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).unwrap();
+    let cpus: Vec<usize> = (0..nix::sched::CpuSet::count())
+        .filter(|&c| possible.is_set(c).unwrap_or(false))
+        .collect();
+    if cpus.len() < 2 {
+        eprintln!("skipped: one CPU, nowhere to move a caller to");
+        return;
+    }
+    let h = Host::new("handoff");
+    let m = h.dir("m");
+    h.create_tenant("h");
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let pid = d.0.id();
+    h.ok(&["mount", "-o", "transport=uring", "h", m.to_str().unwrap()]);
+    std::fs::write(m.join("f"), vec![7u8; 8192]).unwrap();
+    let handoffs = || mount_stats(&h, "h")["ring_handoffs"].as_u64().unwrap();
+    let before = handoffs();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let f = std::fs::File::open(m.join("f")).unwrap();
+            let mut buf = [0u8; 4096];
+            for cpu in [cpus[0], cpus[1], cpus[0], cpus[1]] {
+                let mut one = nix::sched::CpuSet::new();
+                one.set(cpu).unwrap();
+                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &one).unwrap();
+                // Direct I/O: each read is a request, on the queue of the CPU it runs on.
+                for _ in 0..3 {
+                    f.read_exact_at(&mut buf, 4096).unwrap();
+                    assert_eq!(buf, [7u8; 4096]);
+                }
+            }
+        });
+    });
+    // At least the reply to each queue's first moved caller (one that runs behind other
+    // work pauses that queue's hand-offs, so not necessarily more on a busy host).
+    assert!(
+        handoffs() >= before + 2,
+        "moves to both queues seen: {}",
+        mount_stats(&h, "h")
+    );
+    let start = Instant::now();
+    loop {
+        let p = policies(pid, "fuse-ring-");
+        assert!(!p.is_empty(), "no ring queue threads");
+        if p.iter().all(|&x| x == 0) {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "ring queue threads left at policies {p:?} (0 is SCHED_OTHER)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    d.terminate_cleanly(&[&m]);
+}
+
 /// Runs `body(host, tenant, transport, mountpoint)` on a tenant mounted through one daemon
 /// over FUSE's io_uring, then on another over /dev/fuse.
 fn on_both_transports(name: &str, body: impl Fn(&Host, &str, &str, &std::path::Path)) {
