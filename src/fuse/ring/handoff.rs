@@ -113,7 +113,7 @@ impl Handoff {
         }
         let stalled = start.elapsed() > STARVED_AFTER;
         if stalled {
-            self.budget = HANDOFF_REPLIES;
+            self.budget = 0;
             self.cooldown = COOLDOWN;
         }
         metrics.record_handoff(stalled);
