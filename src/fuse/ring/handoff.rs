@@ -174,6 +174,9 @@ mod tests {
         );
     }
 
+    const AS_ROOT: &str = "a thread may leave SCHED_IDLE only with CAP_SYS_NICE or RLIMIT_NICE \
+                           >= 20: run the tests as root (make test)";
+
     /// A submission as the queue thread makes it.
     fn submit<T>(h: &mut Handoff, m: &MountMetrics, f: impl FnOnce() -> T) -> T {
         if h.next() {
@@ -190,10 +193,7 @@ mod tests {
 
     #[test]
     fn a_hand_off_submits_as_sched_idle_and_comes_back() {
-        if !may_leave_idle_policy() {
-            eprintln!("skipped: this thread could not leave SCHED_IDLE");
-            return;
-        }
+        assert!(may_leave_idle_policy(), "{AS_ROOT}");
         let other = nix::unistd::gettid();
         std::thread::spawn(move || {
             let callers = Arc::new(Callers::default());
@@ -233,10 +233,7 @@ mod tests {
 
     #[test]
     fn a_hand_off_that_ran_behind_other_work_stops_handing_off() {
-        if !may_leave_idle_policy() {
-            eprintln!("skipped: this thread could not leave SCHED_IDLE");
-            return;
-        }
+        assert!(may_leave_idle_policy(), "{AS_ROOT}");
         std::thread::spawn(|| {
             let callers = Arc::new(Callers::default());
             let mut h = Handoff::new(callers.clone(), 0);
