@@ -20,7 +20,7 @@
 //! handing off for [`COOLDOWN`] submissions, whatever its callers do.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::metrics::MountMetrics;
@@ -131,19 +131,19 @@ impl Handoff {
     }
 }
 
-/// Whether this thread may switch from SCHED_IDLE back to SCHED_OTHER: Linux allows it with
-/// CAP_SYS_NICE, or when RLIMIT_NICE allows the thread's nice value (`20 - nice <= limit`).
+/// Whether a thread of this process may switch from SCHED_IDLE back to SCHED_OTHER (Linux
+/// wants CAP_SYS_NICE in the initial user namespace, or an RLIMIT_NICE that allows the
+/// thread's nice value). Tried once, on a thread of its own that ends either way: a queue
+/// thread must never be left at SCHED_IDLE.
 fn may_leave_idle_policy() -> bool {
-    let limit = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NICE)
-        .map_or(0, |(soft, _)| soft);
-    // SAFETY: getpriority reads the calling process's nice value; no pointers. errno is
-    // cleared first because -1 is also a valid result.
-    let nice = unsafe {
-        *libc::__errno_location() = 0;
-        libc::getpriority(libc::PRIO_PROCESS, 0)
-    };
-    let allowed_by_limit = (20 - i64::from(nice)) as u64 <= limit;
-    allowed_by_limit || nix::unistd::geteuid().is_root()
+    static MAY: OnceLock<bool> = OnceLock::new();
+    *MAY.get_or_init(|| {
+        std::thread::spawn(|| {
+            set_policy(libc::SCHED_IDLE).is_ok() && set_policy(libc::SCHED_OTHER).is_ok()
+        })
+        .join()
+        .unwrap_or(false)
+    })
 }
 
 fn set_policy(policy: libc::c_int) -> Result<(), nix::Error> {

@@ -11,9 +11,10 @@
 //! the biggest request) on its own io_uring. A completion means a request is in the entry;
 //! the thread answers it through [`crate::fuse::ops::Operations`] and hands the entry back
 //! with the reply (`COMMIT_AND_FETCH`), submitted as SCHED_IDLE while its callers are being
-//! moved off their CPU by the wake-ups ([`handoff`]). The /dev/fuse workers ([`crate::fuse::device`]) keep
-//! FORGET and INTERRUPT, which never go over the ring. The queues exit when the kernel ends their
-//! entries at unmount (ENOTCONN) or when [`Ring::stop`] wakes them.
+//! moved off their CPU by the wake-ups ([`handoff`]). The /dev/fuse workers
+//! ([`crate::fuse::device`]) keep FORGET and INTERRUPT, which never go over the ring. The
+//! queues exit when the kernel ends their entries at unmount (ENOTCONN) or when
+//! [`Ring::stop`] wakes them.
 
 mod abi;
 mod handoff;
