@@ -58,15 +58,19 @@ fn python_file_io_leaves_no_warnings_and_the_mount_type_is_fuse_tenantfs() {
     assert!(!log.contains("Not Implemented"), "{log}");
 }
 
-/// Threads of `pid` whose name starts with `prefix`.
-pub(super) fn threads_named(pid: u32, prefix: &str) -> usize {
+/// The /proc directories of `pid`'s threads whose name starts with `prefix`.
+fn thread_dirs(pid: u32, prefix: &str) -> Vec<std::path::PathBuf> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
-        })
-        .count()
+        .map(|t| t.path())
+        .filter(|t| std::fs::read_to_string(t.join("comm")).is_ok_and(|c| c.starts_with(prefix)))
+        .collect()
+}
+
+/// Threads of `pid` whose name starts with `prefix`.
+pub(super) fn threads_named(pid: u32, prefix: &str) -> usize {
+    thread_dirs(pid, prefix).len()
 }
 
 /// FUSE over io_uring through the daemon: a mount with transport=uring answers its requests
@@ -268,13 +272,9 @@ fn dev_fuse_workers_grow_on_demand_and_an_idle_mount_keeps_one_thread() {
 
 /// The scheduling policy of each of `pid`'s threads named `prefix` (field 41 of its stat).
 fn policies(pid: u32, prefix: &str) -> Vec<u32> {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with(prefix))
-        })
-        .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+    thread_dirs(pid, prefix)
+        .into_iter()
+        .filter_map(|t| std::fs::read_to_string(t.join("stat")).ok())
         .map(|stat| {
             let after_name = &stat[stat.rfind(')').unwrap() + 2..];
             after_name.split(' ').nth(41 - 3).unwrap().parse().unwrap()
