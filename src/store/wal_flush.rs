@@ -99,7 +99,7 @@ impl WalFlush {
         }
         let (shared, owned, name) = (self.shared.clone(), Arc::clone(db), tenant.to_owned());
         match std::thread::Builder::new()
-            .name("tenantfs-wal".into())
+            .name("wal-flusher".into())
             .spawn(move || flusher(&shared, &owned, &name))
         {
             Ok(thread) => {
