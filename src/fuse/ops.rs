@@ -141,7 +141,6 @@ fn xattr_reply(size: u32, r: Result<Vec<u8>, VolumeError>) -> Result<Xattr, Errn
 
 impl Operations {
     pub(crate) fn new(volume: Arc<Volume>, cache: CacheMode, metrics: Arc<MountMetrics>) -> Self {
-        volume.defer_wal_writes();
         Self {
             volume,
             cache,

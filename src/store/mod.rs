@@ -14,7 +14,6 @@ mod file_key;
 mod health;
 mod host;
 mod tenant_db;
-mod wal_flush;
 
 use std::path::{Path, PathBuf};
 
@@ -23,7 +22,6 @@ pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan};
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
 pub use tenant_db::{Batch, BlobSpace, Encryption, Entry, Family, OpenMode, TenantDb};
-pub use wal_flush::FLUSH_EVERY as WAL_FLUSH_EVERY;
 
 /// Size of the encryption header at the start of every store file.
 pub const FILE_HEADER_LEN: usize = file_key::PREFIX_LEN;

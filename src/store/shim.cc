@@ -262,12 +262,10 @@ class HealthListener final : public EventListener {
   void OnBackgroundError(BackgroundErrorReason reason, Status* error) override {
     // A memtable switch whose new WAL could not be written on a full disk is fatal to
     // RocksDB (kMemTable: it fears WAL bytes lost from the writer's buffer), and no Resume
-    // clears a fatal error. What the writer's buffer held (tenantfs writes with
-    // manual_wal_flush: a FUSE mount's records wait there up to 500 us, see wal_flush.rs) is
-    // in the memtable as well, so nothing the store took is gone while the process lives.
-    // Hard is the true severity: the store stops and Resume flushes the memtables once there
-    // is room (tests/direct_io.rs reopens such a store afterwards); only a kill before that
-    // loses the buffered records, as it would with no full disk.
+    // clears a fatal error. tenantfs writes without manual_wal_flush, so every write's WAL
+    // record reached the file before the write returned: nothing was buffered, and the old
+    // WAL holds all the memtable does. Hard is the true severity: the store stops and Resume
+    // flushes it once there is room (tests/direct_io.rs reopens such a store afterwards).
     if (reason == BackgroundErrorReason::kMemTable && error->IsNoSpace() &&
         error->severity() > Status::Severity::kHardError) {
       *error = Status(*error, Status::Severity::kHardError);

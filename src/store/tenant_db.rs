@@ -14,7 +14,6 @@ use super::extent_io::EnvPtr;
 use super::extents::{ExtentFileStats, ExtentFiles, ExtentSpan};
 use super::health::{StoreHealth, StoreState};
 use super::host::StoreHost;
-use super::wal_flush::WalFlush;
 use super::StoreError;
 use crate::crypto::TenantKey;
 
@@ -74,16 +73,13 @@ const RESUME_MARGIN: u64 = 2 << 20;
 
 /// An open tenant store.
 pub struct TenantDb {
-    /// Shared with the WAL flusher thread while one runs (see `wal_flush`).
-    db: Arc<DB>,
+    db: DB,
     tenant: String,
     path: PathBuf,
     direct_io: bool,
     health: Arc<StoreHealth>,
     /// A write skipped the WAL since the last sync (see [`TenantDb::write_unlogged`]).
     unlogged: AtomicBool,
-    /// When a logged write's record reaches the WAL file.
-    wal: WalFlush,
     /// Bulk data beside the store (declared before `env`: it is dropped first).
     extents: Arc<ExtentFiles>,
     /// The encrypted Env the store and its extent files use (none for plaintext benchmarks).
@@ -92,11 +88,6 @@ pub struct TenantDb {
 
 impl Drop for TenantDb {
     fn drop(&mut self) {
-        // The deferred WAL records first: a clean close loses no acknowledged write.
-        self.wal.stop();
-        if let Err(e) = self.db.flush_wal(false) {
-            tracing::error!(tenant = %self.tenant, error = %e, "cannot write the WAL out at close");
-        }
         // Before the store closes (and flushes what skipped the WAL): the bytes its values name.
         if let Err(e) = self.extents.close() {
             tracing::error!(error = %e, "cannot sync extent files at close");
@@ -161,9 +152,6 @@ impl TenantDb {
             }
         });
         super::ffi::add_health_listener(&mut opts, health.clone());
-        // WAL records are written out by `wal_flush`: before each write returns unless the
-        // store's writes are deferred (a FUSE mount's).
-        opts.set_manual_wal_flush(true);
         opts.create_if_missing(mode == OpenMode::Create);
         opts.create_missing_column_families(mode == OpenMode::Create);
         let families = Family::ALL.iter().map(|f| {
@@ -187,13 +175,12 @@ impl TenantDb {
             Err(e) => tracing::warn!(tenant, error = %e, "cannot look for orphaned blob files"),
         }
         Ok(Self {
-            db: Arc::new(db),
+            db,
             tenant: tenant.to_owned(),
             path: path.to_owned(),
             direct_io,
             health,
             unlogged: AtomicBool::new(false),
-            wal: WalFlush::immediate(),
             extents,
             _env: env,
         })
@@ -427,17 +414,9 @@ impl TenantDb {
         let Batch { inner, written, .. } = batch;
         self.db
             .write(inner)
-            .and_then(|()| self.wal.written(&self.db, &self.tenant))
             .map_err(|e| self.write_error("write", e))?;
         written.into_iter().for_each(|f| f());
         Ok(())
-    }
-
-    /// From now on a logged write returns before its WAL record is in the WAL file, which
-    /// gets it within [`super::WAL_FLUSH_EVERY`] (see `wal_flush`): a kill -9 of the process
-    /// loses what it acknowledged in that time and did not sync. For a FUSE mount's store.
-    pub fn defer_wal_writes(&self) {
-        self.wal.defer();
     }
 
     /// [`Self::write`] without the WAL: for bulk data, which would otherwise be written twice

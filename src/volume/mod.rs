@@ -366,14 +366,6 @@ impl Volume {
             .fetch_files(&self.tenant, files, self.block_size, self.chunk_blocks);
     }
 
-    /// Lets writes return before their WAL records are in the WAL file, which gets them
-    /// within [`crate::store::WAL_FLUSH_EVERY`] (see `TenantDb::defer_wal_writes`): for a
-    /// FUSE mount, whose callers' contract is fsync. Block devices keep the default, every
-    /// acknowledged write in the WAL.
-    pub fn defer_wal_writes(&self) {
-        self.db().defer_wal_writes();
-    }
-
     /// Makes every change so far durable.
     pub fn fsync(&self) -> Result<()> {
         self.db().sync()?;
