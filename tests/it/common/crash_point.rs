@@ -23,16 +23,22 @@ pub fn park_at(name: &str, nth: u64, counts: impl Fn() -> bool + Send + Sync + '
     let hits = AtomicU64::new(0);
     fail::cfg_callback(name, move || {
         if counts() && hits.fetch_add(1, Ordering::Relaxed) + 1 == nth {
-            let mut out = std::io::stdout().lock();
-            std::io::Write::write_all(&mut out, format!("{PARKED}\n").as_bytes()).unwrap();
-            std::io::Write::flush(&mut out).unwrap();
-            drop(out);
-            loop {
-                std::thread::park();
-            }
+            park_here();
         }
     })
     .unwrap();
+}
+
+/// Prints [`PARKED`] on stdout and parks the calling thread for good (the parent kills the
+/// process): a crash point of the child's own, where no failpoint is needed.
+pub fn park_here() -> ! {
+    let mut out = std::io::stdout().lock();
+    std::io::Write::write_all(&mut out, format!("{PARKED}\n").as_bytes()).unwrap();
+    std::io::Write::flush(&mut out).unwrap();
+    drop(out);
+    loop {
+        std::thread::park();
+    }
 }
 
 /// Waits until `child` (its stdout piped) parks at its crash point, kills it -9 there and

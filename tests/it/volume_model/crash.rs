@@ -438,7 +438,7 @@ fn kill9_during_extent_file_writes_loses_nothing_synced() {
     }
 }
 
-pub(super) const WAL_CHILD_ENV: &str = "TENANTFS_TEST_WAL_CHILD";
+const WAL_CHILD_ENV: &str = "TENANTFS_TEST_WAL_CHILD";
 const WAL_FILE: usize = 400 << 10;
 
 /// The WAL test's file, written in logged writes (10 KiB, as tar's).
@@ -450,14 +450,7 @@ fn wal_data() -> Vec<u8> {
 fn wal_child(root: &str) {
     let vol = open_in_child(root, "wal");
     write_in(&vol, "w", &wal_data(), 10 << 10);
-    let mut out = std::io::stdout().lock();
-    let parked = format!("{}\n", common::crash_point::PARKED);
-    std::io::Write::write_all(&mut out, parked.as_bytes()).unwrap();
-    std::io::Write::flush(&mut out).unwrap();
-    drop(out);
-    loop {
-        std::thread::park();
-    }
+    common::crash_point::park_here();
 }
 
 /// A logged write that returned is in the WAL file, not in a buffer of the process: killed
