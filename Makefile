@@ -103,12 +103,15 @@ asan: deps
 	  $$target --skip drops_rss 2>&1 | tee -a $(ASAN_TARGET_DIR).log || exit 1; done
 	@! grep -q "ERROR: AddressSanitizer" $(ASAN_TARGET_DIR).log && echo "asan: clean"
 
-# The binary, the mount(8) helper, the systemd unit and an example config (DESTDIR for staging).
+# The binary, the mount(8) helper, the systemd unit, the README (the unit's Documentation=)
+# and an example config (DESTDIR for staging).
 PREFIX ?= /usr/local
 install: build
 	install -D -m 755 $(CARGO_TARGET_DIR)/release/tenantfs $(DESTDIR)$(PREFIX)/bin/tenantfs
 	install -D -m 755 mount/mount.tenantfs $(DESTDIR)/sbin/mount.tenantfs
-	sed 's|/usr/local/bin/tenantfs|$(PREFIX)/bin/tenantfs|' systemd/tenantfs.service > tenantfs.service.tmp
+	install -D -m 644 README.md $(DESTDIR)$(PREFIX)/share/doc/tenantfs/README.md
+	sed -e 's|/usr/local/bin/tenantfs|$(PREFIX)/bin/tenantfs|' \
+	    -e 's|/usr/local/share/doc/tenantfs|$(PREFIX)/share/doc/tenantfs|' systemd/tenantfs.service > tenantfs.service.tmp
 	install -D -m 644 tenantfs.service.tmp $(DESTDIR)/etc/systemd/system/tenantfs.service
 	rm -f tenantfs.service.tmp
 	install -D -m 644 config/tenantfs.toml $(DESTDIR)/etc/tenantfs/tenantfs.toml.example

@@ -10,6 +10,16 @@
 //!
 //! The master key is taken from, in order: `--master-key FILE`,
 //! `$CREDENTIALS_DIRECTORY/tenantfs-master-key` (systemd LoadCredential), `<data-dir>/master.key`.
+//!
+//! `init` writes the key to `<data-dir>/master.key`, and that file is the one place the
+//! shipped `tenantfs.service` loads it from (`LoadCredential=` of the default data dir's key),
+//! so `tenantfs init` followed by starting the unit works as written. When that file is
+//! missing the unit still starts the daemon, with a blank credential (`SetCredential=`, a
+//! newline, which systemd uses when `LoadCredential=` finds nothing): a blank credential counts
+//! as none, so the daemon looks for the key itself and says what it found, instead of systemd
+//! failing the unit before the daemon runs: a data dir never initialised (run `tenantfs
+//! init`), or one initialised with a key that is gone (every place looked at; put the key
+//! back: a new key would open nothing, so `init` refuses to make one there).
 
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
@@ -31,10 +41,12 @@ pub enum DataDirError {
     )]
     NotInitialised(PathBuf),
     #[error(
-        "no master key: pass --master-key FILE, set $CREDENTIALS_DIRECTORY with a \
-         tenantfs-master-key credential, or run `tenantfs --data-dir {0} init` to create one"
+        "no master key: looked at {looked}; data dir {root} was initialised with a key that is \
+         not there: put that key file back at {root}/master.key (mode 0600; tenantfs.service \
+         loads it from there) or pass --master-key FILE (`tenantfs init` makes a key only for \
+         a data dir that has none)"
     )]
-    NoKey(PathBuf),
+    NoKey { root: PathBuf, looked: String },
     #[error(
         "the master key from {key} is not the key data dir {root} was initialised with; \
          nothing was changed; use the original key file"
@@ -74,18 +86,58 @@ impl KeySource {
         }
     }
 
-    /// Picks the source by the documented order.
+    /// Picks the source by the documented order. A blank credential is none: it is what
+    /// systemd passes when the unit's `LoadCredential=` found no file (`SetCredential=`).
     pub fn resolve(explicit: Option<&Path>, root: &Path) -> Self {
         if let Some(p) = explicit {
             return KeySource::Explicit(p.to_owned());
         }
-        if let Some(dir) = std::env::var_os("CREDENTIALS_DIRECTORY") {
-            let p = Path::new(&dir).join(CREDENTIAL_NAME);
-            if p.exists() {
+        if let Some(p) = credential_file() {
+            if p.exists() && !blank(&p) {
                 return KeySource::Credential(p);
             }
         }
-        KeySource::DataDir(root.join(KEY_FILE))
+        KeySource::DataDir(key_file(root))
+    }
+}
+
+/// Whether the file at `path` holds no key at all: shorter than any key (32 bytes) and only
+/// whitespace (an empty file, a newline). One that cannot be read is not blank: loading it
+/// says why.
+fn blank(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = Vec::new();
+    fs::File::open(path)
+        .and_then(|f| f.take(32).read_to_end(&mut head))
+        .is_ok_and(|n| n < 32 && head.iter().all(u8::is_ascii_whitespace))
+}
+
+/// Where `init` writes the master key of the data dir at `root` (and the shipped unit's
+/// `LoadCredential=` reads it for the default data dir).
+pub fn key_file(root: &Path) -> PathBuf {
+    root.join(KEY_FILE)
+}
+
+/// The systemd credential's file, when systemd passed credentials.
+fn credential_file() -> Option<PathBuf> {
+    std::env::var_os("CREDENTIALS_DIRECTORY").map(|dir| Path::new(&dir).join(CREDENTIAL_NAME))
+}
+
+/// No key anywhere: the error names every place looked at and why each gave no key.
+fn no_key(root: &Path) -> DataDirError {
+    let mut looked = Vec::new();
+    if let Some(p) = credential_file() {
+        let why = if p.exists() {
+            "blank: the unit's LoadCredential= found no key file"
+        } else {
+            "not there"
+        };
+        looked.push(format!("{} ({why})", p.display()));
+    }
+    looked.push(format!("{} (not there)", key_file(root).display()));
+    DataDirError::NoKey {
+        root: root.to_owned(),
+        looked: looked.join(" and "),
     }
 }
 
@@ -114,16 +166,20 @@ impl DataDir {
             .create(root)
             .map_err(io_err(root))?;
         let source = KeySource::resolve(explicit_key, root);
+        let check = root.join(CHECK_FILE);
+        let already_initialised = check.exists();
         let mut created_key = false;
         let master = match &source {
+            // A data dir made under a key that is gone: a new key would open none of it.
+            KeySource::DataDir(p) if !p.exists() && already_initialised => {
+                return Err(no_key(root))
+            }
             KeySource::DataDir(p) if !p.exists() => {
                 created_key = true;
                 MasterKey::create_file(p)?
             }
             other => MasterKey::load(other.path())?,
         };
-        let check = root.join(CHECK_FILE);
-        let already_initialised = check.exists();
         if already_initialised {
             verify(root, &source, &master)?;
         } else {
@@ -150,7 +206,7 @@ impl DataDir {
         }
         let source = KeySource::resolve(explicit_key, root);
         if !source.path().exists() && matches!(source, KeySource::DataDir(_)) {
-            return Err(DataDirError::NoKey(root.to_owned()));
+            return Err(no_key(root));
         }
         let master = MasterKey::load(source.path())?;
         verify(root, &source, &master)?;

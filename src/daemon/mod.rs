@@ -314,7 +314,7 @@ pub fn run(data: DataDir, config: &Config, socket: &Path) -> Result<(), DaemonEr
     tracing::info!(socket = %socket.display(), "tenantfs daemon ready");
     notify_systemd("READY=1");
     daemon.tell_systemd();
-    notify::start_watchdog(socket.to_owned());
+    let watchdog = notify::start_watchdog(socket.to_owned());
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let supervisor = {
         let d = daemon.clone();
@@ -331,6 +331,7 @@ pub fn run(data: DataDir, config: &Config, socket: &Path) -> Result<(), DaemonEr
     };
     let sig = crate::fuse::wait_for_shutdown_signal();
     tracing::info!(?sig, "shutting down: unmounting every tenant");
+    drop(watchdog);
     notify_systemd("STOPPING=1");
     drop(stop);
     let _ = supervisor.join();

@@ -1,7 +1,14 @@
 //! sd_notify without libsystemd: a datagram to `$NOTIFY_SOCKET` (a path, or an abstract name
 //! written with a leading '@').
+//!
+//! The watchdog (`WatchdogSec=` in the unit) is served by a thread that sends WATCHDOG=1 every
+//! half interval only after the daemon answered a request on its own control socket: a timer
+//! alone would keep a wedged daemon (accept loop stuck, handlers deadlocked) alive, while
+//! this way systemd restarts it.
 
 use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Sends `state` (e.g. "READY=1") to systemd if it is listening; does nothing otherwise.
 pub fn notify_systemd(state: &str) {
@@ -39,25 +46,51 @@ pub fn watchdog_interval() -> Option<std::time::Duration> {
     (usec > 0).then(|| std::time::Duration::from_micros(usec))
 }
 
-/// With `WatchdogSec=` set, sends WATCHDOG=1 every half interval, but only while the daemon
-/// answers a stats request on its own control socket: a wedged daemon gets restarted.
-pub fn start_watchdog(socket: std::path::PathBuf) {
-    let Some(every) = watchdog_interval() else {
-        return;
-    };
+/// The watchdog thread; dropping this stops its pings (the daemon is going down and its
+/// socket with it).
+pub struct Watchdog {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+/// With `WatchdogSec=` set (for this pid), sends WATCHDOG=1 every half interval, but only
+/// while the daemon answers a stats request on its own control socket: a wedged daemon gets
+/// restarted. `None` when systemd asked for no watchdog.
+pub fn start_watchdog(socket: std::path::PathBuf) -> Option<Watchdog> {
+    let every = watchdog_interval()?;
+    tracing::info!(
+        ping_every_ms = (every / 2).as_millis() as u64,
+        "serving systemd's watchdog"
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
     let spawned = std::thread::Builder::new()
         .name("tenantfs-watchdog".into())
         .spawn(move || loop {
             std::thread::sleep(every / 2);
+            if stopped.load(Ordering::Acquire) {
+                return;
+            }
             match crate::control::Client::new(socket.clone()).stats() {
                 Ok(_) => notify_systemd("WATCHDOG=1"),
+                // Not while going down: the socket closes then.
+                Err(_) if stopped.load(Ordering::Acquire) => return,
                 Err(e) => {
                     tracing::error!(error = %e, "watchdog: the daemon does not answer itself")
                 }
             }
         });
-    if let Err(e) = spawned {
-        tracing::error!(error = %e, "cannot start the watchdog thread");
+    match spawned {
+        Ok(_) => Some(Watchdog { stop }),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the watchdog thread");
+            None
+        }
     }
 }
 
