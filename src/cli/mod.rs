@@ -28,18 +28,17 @@ impl Cli {
             .unwrap_or_else(|| tenantfs::daemon::default_socket(&self.data_dir))
     }
 
-    /// The daemon, if one answers on its socket.
-    fn live_daemon(&self) -> Option<Client> {
-        let path = self.socket();
-        std::os::unix::net::UnixStream::connect(&path)
-            .ok()
-            .map(|_| Client::new(path))
+    /// The daemon, if one runs on its socket (`None`: not running). A daemon that may run but
+    /// cannot be reached (permission denied, by the errno of connect) is an error that says
+    /// so, never taken for one that is not running.
+    fn live_daemon(&self) -> Result<Option<Client>, ControlError> {
+        control::probe(&self.socket())
     }
 
     /// Every process serving mounts of this data dir: the daemon (if one answers) and each
-    /// foreground mount's process. Errors only when there is none.
+    /// foreground mount's process. Errors when there is none, or one cannot be reached.
     fn serving_processes(&self) -> Result<Vec<Client>, ControlError> {
-        let mut clients: Vec<Client> = self.live_daemon().into_iter().collect();
+        let mut clients: Vec<Client> = self.live_daemon()?.into_iter().collect();
         match control::serving_sockets(&self.data_dir) {
             Ok(s) => clients.extend(s.into_iter().map(Client::new)),
             Err(e) if clients.is_empty() => return Err(e),

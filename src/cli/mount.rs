@@ -25,7 +25,7 @@ pub fn mount(
     if foreground {
         return mount_foreground(cli, tenant, mountpoint, &parsed);
     }
-    let Some(daemon) = cli.live_daemon() else {
+    let Some(daemon) = cli.live_daemon()? else {
         return mount_background(cli, tenant, mountpoint, options);
     };
     let r = daemon
@@ -40,7 +40,7 @@ pub fn mount(
 }
 
 pub fn umount(cli: &Cli, mountpoint: &Path) -> Result<()> {
-    if let Some(daemon) = cli.live_daemon() {
+    if let Some(daemon) = cli.live_daemon()? {
         let mp = std::path::absolute(mountpoint)?;
         if tenantfs::fuse::find_mount(&mp).ok().flatten().is_some() {
             match daemon.umount(&mp) {

@@ -14,7 +14,7 @@ fn mib(bytes: u64) -> u64 {
 }
 
 pub fn stats(cli: &Cli, json: bool) -> Result<()> {
-    let Some(daemon) = cli.live_daemon() else {
+    let Some(daemon) = cli.live_daemon()? else {
         anyhow::bail!(
             "the tenantfs daemon is not running on {} (start it with `tenantfs daemon`; \
              without it, `tenantfs cache stats` shows each serving process)",

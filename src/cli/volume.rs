@@ -39,7 +39,7 @@ struct ListedVolume {
 }
 
 pub fn list(cli: &Cli, json: bool) -> Result<()> {
-    let attached: Vec<VolumeReport> = match cli.live_daemon() {
+    let attached: Vec<VolumeReport> = match cli.live_daemon()? {
         Some(d) => d.stats().map_err(daemon_error)?.volumes,
         None => Vec::new(),
     };
@@ -134,7 +134,7 @@ pub fn attach(
              /dev/nbdN), --nbd unix:PATH or --nbd 127.0.0.1:PORT"
         );
     };
-    let Some(daemon) = cli.live_daemon() else {
+    let Some(daemon) = cli.live_daemon()? else {
         anyhow::bail!(
             "cannot attach volume {name}: no daemon answers on {}; volumes are served by the \
              daemon: start it (`tenantfs daemon`, or the tenantfs.service unit) and try again",
@@ -165,7 +165,7 @@ pub fn attach(
 }
 
 pub fn detach(cli: &Cli, name: &str) -> Result<()> {
-    let Some(daemon) = cli.live_daemon() else {
+    let Some(daemon) = cli.live_daemon()? else {
         anyhow::bail!(
             "cannot detach volume {name}: no daemon answers on {} (a volume is attached only \
              while the daemon runs)",

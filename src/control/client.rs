@@ -1,4 +1,10 @@
 //! The asking side: send one request, read one response.
+//!
+//! A socket that cannot be reached is told apart by connect(2)'s errno, since each case
+//! needs something else done: ENOENT or ECONNREFUSED (no socket, or one a dead process left)
+//! means nothing serves there: start it; EACCES or EPERM means a process may well serve
+//! there but the caller may not talk to it: run as root; anything else is reported as it is,
+//! with the path.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -15,6 +21,22 @@ use super::replies::{
 pub enum ControlError {
     #[error("no tenantfs process is serving mounts under {0} (mount a tenant first: the caches live in the process that serves it)")]
     NoServer(PathBuf),
+    #[error(
+        "nothing serves the control socket {path} ({source}): the process that served it is \
+         not running"
+    )]
+    NotRunning {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "permission denied on {path} ({source}): the control socket takes requests from root \
+         and the serving process's own user only; run this as root (or as that user)"
+    )]
+    Denied {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("cannot reach the control socket {path}: {source}")]
     Connect {
         path: PathBuf,
@@ -27,6 +49,16 @@ pub enum ControlError {
 }
 
 impl ControlError {
+    /// Why connect(2) to the control socket at `path` failed, by its errno.
+    fn connect(path: &Path, source: std::io::Error) -> Self {
+        let path = path.to_owned();
+        match source.raw_os_error() {
+            Some(libc::ENOENT | libc::ECONNREFUSED) => ControlError::NotRunning { path, source },
+            Some(libc::EACCES | libc::EPERM) => ControlError::Denied { path, source },
+            _ => ControlError::Connect { path, source },
+        }
+    }
+
     /// The server's refusal, if that is what this is.
     pub fn refusal(&self) -> Option<&Refusal> {
         match self {
@@ -132,10 +164,8 @@ impl Client {
     /// Sends `req` and reads its reply (or refusal).
     pub fn call(&self, req: &Request) -> Result<Reply, ControlError> {
         let path = &self.path;
-        let mut stream = UnixStream::connect(path).map_err(|source| ControlError::Connect {
-            path: path.to_owned(),
-            source,
-        })?;
+        let mut stream =
+            UnixStream::connect(path).map_err(|source| ControlError::connect(path, source))?;
         stream
             .set_read_timeout(Some(Duration::from_secs(60)))
             .map_err(|e| self.protocol(e.to_string()))?;
@@ -161,20 +191,29 @@ impl Client {
     }
 }
 
+/// The process serving the control socket at `path`, if one runs there: `Ok(None)` when
+/// nothing does (no socket file, or one a dead process left); an error when one may run but
+/// cannot be reached (permission denied, or another errno), which says so.
+pub fn probe(path: &Path) -> Result<Option<Client>, ControlError> {
+    match UnixStream::connect(path) {
+        Ok(_) => Ok(Some(Client::new(path))),
+        Err(source) => match ControlError::connect(path, source) {
+            ControlError::NotRunning { .. } => Ok(None),
+            e => Err(e),
+        },
+    }
+}
+
 /// The control sockets under `<data-dir>/run/` that a live process answers on, sorted; sockets
-/// left by dead processes are skipped. Errors when there is none.
+/// left by dead processes are skipped. Errors when there is none, or when one cannot be
+/// reached for another reason than that its process is gone (permission denied).
 pub fn serving_sockets(data_root: &Path) -> Result<Vec<PathBuf>, ControlError> {
     let dir = super::run_dir(data_root);
-    let denied = |path: &Path, source: std::io::Error| ControlError::Connect {
-        path: path.to_owned(),
-        source: std::io::Error::new(
-            source.kind(),
-            format!("{source} (the control socket is for root: run this as root)"),
-        ),
-    };
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => return Err(denied(&dir, e)),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+            return Err(ControlError::connect(&dir, e))
+        }
         Err(_) => return Err(ControlError::NoServer(data_root.to_owned())),
     };
     let mut found = Vec::new();
@@ -182,13 +221,8 @@ pub fn serving_sockets(data_root: &Path) -> Result<Vec<PathBuf>, ControlError> {
         if p.extension().is_none_or(|x| x != "sock") {
             continue;
         }
-        match UnixStream::connect(&p) {
-            Ok(_) => found.push(p),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                return Err(denied(&p, e))
-            }
-            // A socket left by a process that is gone.
-            Err(_) => {}
+        if probe(&p)?.is_some() {
+            found.push(p);
         }
     }
     found.sort();

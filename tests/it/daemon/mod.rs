@@ -1,13 +1,14 @@
 //! The host daemon through the real binary: READY=1 on a NOTIFY_SOCKET the test listens on,
 //! two tenants mounted through it with `tenantfs mount`, I/O, one cache for both, SIGTERM
 //! unmounts both and exits 0; kill -9, restart: the configured mounts come back with their
-//! data; a non-root client is refused by the control socket; WATCHDOG=1 keeps coming while the
+//! data; a non-root client is refused by the control socket, and a non-root `stats` is told
+//! permission denied, not that the daemon is not running; WATCHDOG=1 keeps coming while the
 //! daemon answers (and not for another pid's WATCHDOG_PID).
 
 use crate::common;
 use crate::common::guards::{enable_fuse_uring, small_ext4, tenantfs_mounted};
 use crate::common::mount::{start_daemon, start_daemon_env, start_daemon_logging_to, Host};
-use crate::common::process::{alive, check, cmd, request_as_nobody, wait_gone};
+use crate::common::process::{alive, check, check_fails, cmd, request_as_nobody, wait_gone};
 use crate::common::trees::{set_xattr, write_synced, xattrs};
 
 use std::time::{Duration, Instant};
@@ -208,6 +209,62 @@ fn no_watchdog_for_another_pid() {
         "WATCHDOG=1 for WATCHDOG_PID=1: {got:?}"
     );
     drop(d);
+}
+
+/// `tenantfs stats` as uid/gid 65534 on the data dir at `data`: its stderr (it must fail).
+fn stats_as_nobody(data: &std::path::Path) -> String {
+    let out = check_fails(
+        std::process::Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(crate::common::process::BIN)
+            .arg("--data-dir")
+            .arg(data)
+            .args(["--config", "/dev/null", "stats"]),
+    );
+    assert!(!out.contains("panicked"), "{out}");
+    out
+}
+
+/// A daemon that runs but may not be talked to is not one that is not running: `stats` as
+/// another user says permission denied and to run as root, whether the data dir (0700) or
+/// the socket itself (0600) stands in the way; with the daemon killed (its socket file left)
+/// or its socket gone, `stats` says it is not running.
+#[test]
+fn stats_tells_permission_denied_from_not_running() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Host::new("daemonperm");
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let socket = h.data.join("tenantfs.sock");
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    for data_mode in [0o700, 0o711] {
+        mode(&h.data, data_mode);
+        let err = stats_as_nobody(&h.data);
+        assert!(
+            err.contains("permission denied")
+                && err.contains(socket.to_str().unwrap())
+                && err.contains("run this as root"),
+            "data dir mode {data_mode:o}: {err}"
+        );
+        assert!(
+            !err.contains("not running"),
+            "data dir mode {data_mode:o}: {err}"
+        );
+    }
+    mode(&h.data, 0o700);
+    assert!(h.ok(&["stats"]).contains("daemon pid"));
+    d.0.kill().unwrap();
+    d.0.wait().unwrap();
+    assert!(socket.exists(), "the killed daemon's socket file is gone");
+    for case in ["socket file left (ECONNREFUSED)", "no socket file (ENOENT)"] {
+        let err = h.fails(&["stats"]);
+        assert!(
+            err.contains("not running") && err.contains("tenantfs daemon"),
+            "{case}: {err}"
+        );
+        let _ = std::fs::remove_file(&socket);
+    }
 }
 
 /// VmRSS of `pid`, bytes.
