@@ -13,7 +13,7 @@ SHELL := /bin/bash
 # (qemu-img, qemu-io), libnbd-bin (nbdinfo, nbdcopy), nbd-client (run in the VM): NBD
 # clients of the block volume tests; linux-perf: the FUSE request counts of `make bench`.
 DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux mount e2fsprogs git python3 \
-	qemu-system-x86 busybox-static cpio xz-utils qemu-utils libnbd-bin nbd-client linux-perf
+	qemu-system-x86 busybox-static cpio xz-utils qemu-utils libnbd-bin nbd-client linux-perf strace
 
 .PHONY: all deps build demo test lint bench asan install clean
 

@@ -10,6 +10,10 @@
 //! A tenant appears only whole: `create` builds everything in a hidden staging directory and
 //! renames it into place; `delete` renames the directory away before removing it. The lock file
 //! makes "in use" visible across processes, so a mounted tenant cannot be deleted or opened twice.
+//!
+//! Everything about one tenant (create, open, info, delete) reads that tenant's directory
+//! only, never the others': its cost does not grow with the number of tenants. Only `list`
+//! walks them all.
 
 use std::fs::{self, File, OpenOptions};
 use std::path::{Path, PathBuf};
@@ -293,6 +297,13 @@ fn tenant_dir(root: &Path, name: &str) -> Result<PathBuf, TenantError> {
             root: root.to_owned(),
         })
     }
+}
+
+/// One tenant's record and disk use, from its own directory only: commands about one tenant
+/// cost the same however many tenants the data dir holds. Needs no key.
+pub fn info(root: &Path, name: &str) -> Result<TenantInfo, TenantError> {
+    let dir = tenant_dir(root, name)?;
+    Ok(read_record(&dir, name)?.info(tree_bytes(&dir)))
 }
 
 /// Every tenant in the data dir at `root`, by name. Needs no key.

@@ -66,7 +66,8 @@ pub fn create(
         return Err(e);
     }
     tracing::info!(volume = name, size, "block volume created");
-    Ok(info)
+    // Its size on disk with the device in (that volume's directory only).
+    Ok(tenants::info(data.root(), name).unwrap_or(info))
 }
 
 /// The block volumes in the data dir at `root`, by name.
@@ -141,10 +142,8 @@ pub fn resize(
 
 /// Deletes block volume `name` and its data; refused while it is attached or open anywhere.
 pub fn delete(data: &DataDir, name: &str) -> Result<(), BlockDevError> {
-    let info = tenants::list(data.root())?
-        .into_iter()
-        .find(|t| t.name == name);
-    if info.as_ref().is_some_and(|t| t.device_size.is_none()) {
+    // That volume's record only: deleting one costs the same however many tenants there are.
+    if tenants::info(data.root(), name)?.device_size.is_none() {
         return Err(BlockDevError::NotAVolume(name.to_owned()));
     }
     tenants::delete(data, name)?;

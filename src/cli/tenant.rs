@@ -68,12 +68,7 @@ pub fn create(
         "created tenant {} (block size {}, {} on disk, encrypted)",
         info.name,
         ByteSize(info.block_size.into()),
-        ByteSize(
-            tenants::list(&cli.data_dir)?
-                .iter()
-                .find(|t| t.name == info.name)
-                .map_or(info.disk_bytes, |t| t.disk_bytes)
-        )
+        ByteSize(info.disk_bytes)
     );
     Ok(())
 }

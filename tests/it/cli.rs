@@ -1,4 +1,5 @@
-//! The command line contract: init, keys, tenant create/list/delete and their errors.
+//! The command line contract: init, keys, tenant create/list/delete and their errors; what a
+//! command about one tenant reads does not grow with the number of other tenants.
 
 use crate::common;
 
@@ -199,4 +200,78 @@ fn config_check_reports_line() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("line 3") && err.contains("bogus"), "{err}");
+}
+
+/// The paths under the data dir's `tenants/` that `tenant create NAME` (the real binary,
+/// every thread, under `strace -f -e trace=%file`: opens, stats, renames...) names and that
+/// belong to other tenants than NAME.
+fn other_tenants_touched(c: &Cli, name: &str) -> Vec<String> {
+    let trace = c.tmp.path().join(format!("strace-{name}"));
+    let out = Command::new("strace")
+        .args(["-f", "-s", "4096", "-e", "trace=%file", "-o"])
+        .arg(&trace)
+        .arg(env!("CARGO_BIN_EXE_tenantfs"))
+        .env("TENANTFS_DATA_DIR", c.data())
+        .env_remove("CREDENTIALS_DIRECTORY")
+        .args(["--config", "/dev/null", "tenant", "create", name])
+        .output()
+        .expect("strace (make deps installs it)");
+    assert!(
+        out.status.success(),
+        "tenant create {name} under strace: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tenants = format!("{}/", c.data().join("tenants").display());
+    let own = |first: &str| first == name || first.starts_with(&format!(".creating-{name}-"));
+    std::fs::read_to_string(&trace)
+        .unwrap()
+        .lines()
+        // A syscall's quoted strings are every other piece between quotes.
+        .flat_map(|l| {
+            l.split('"')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .filter(|p| {
+            p.strip_prefix(&tenants)
+                .and_then(|rest| rest.split('/').next())
+                .is_some_and(|first| !first.is_empty() && !own(first))
+        })
+        .collect()
+}
+
+/// `tenant create` reads the new tenant's own directory only: with 1 other tenant and with
+/// 200, it touches the same number of other tenants' paths (none), so each create costs the
+/// same however many tenants the host holds.
+#[test]
+fn tenant_create_reads_no_other_tenant() {
+    let c = Cli::new();
+    c.ok(&["init"]);
+    c.ok(&["tenant", "create", "other-000"]);
+    let with_one = other_tenants_touched(&c, "new-a");
+    let started = std::time::Instant::now();
+    for i in 1..200 {
+        c.ok(&["tenant", "create", &format!("other-{i:03}")]);
+    }
+    eprintln!(
+        "199 tenants created in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let with_many = other_tenants_touched(&c, "new-b");
+    assert_eq!(
+        with_one.len(),
+        with_many.len(),
+        "tenant create touched {} paths of other tenants with 1 other tenant, {} with 201: {:?}",
+        with_one.len(),
+        with_many.len(),
+        &with_many[..with_many.len().min(20)]
+    );
+    // And what it printed is the new tenant's own size.
+    let out = c.ok(&["tenant", "create", "new-c"]);
+    assert!(
+        out.contains("created tenant new-c") && out.contains("on disk"),
+        "{out}"
+    );
 }

@@ -511,7 +511,13 @@ impl BaseStore {
         match grafted {
             Ok(n) => {
                 tracing::info!(tenant, base, nodes = n, "tenant created from base");
-                Ok(info)
+                // What the tenant takes on disk now that its tree is in (its store closed).
+                Ok(
+                    crate::tenants::info(&self.data_root, tenant).unwrap_or_else(|e| {
+                        tracing::warn!(tenant, error = %e, "cannot read the new tenant's size");
+                        info
+                    }),
+                )
             }
             Err(e) => {
                 if let Err(d) = crate::tenants::delete(data, tenant) {
