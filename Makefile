@@ -39,6 +39,9 @@ demo: build
 
 # One optimised profile for everything: RocksDB's C++ build is shared with `make build`.
 # Examples are compiled (and linted) by `make lint`; they hold benchmarks, not tests.
+# Only the tests turn on the `failpoints` feature (the kill -9 tests' crash points): `make
+# build` builds the binary and the benchmarks without it.
+SHIPPED_BIN = $(CARGO_TARGET_DIR)/shipped/tenantfs
 # The last line sums every test binary's result.
 # 1 MiB FUSE requests from buffers that are not page-aligned need 257 pages; the kernel's cap
 # is fs.fuse.max_pages_limit (256 by default). Raised to what the daemon asks for (512).
@@ -52,9 +55,15 @@ test: deps
 	@$(FUSE_PAGES)
 	@# The VM tests' kernel (ublk, nbd, cgroup v2): downloaded once, kept in /var/tmp.
 	@bash tests/vm/vm.sh prepare
-	@# (tee opens its file before cargo makes the target dir: a fresh machine has none yet.)
-	@mkdir -p $(CARGO_TARGET_DIR)
-	@set -o pipefail; $(CARGO) test --release --lib --bins --tests 2>&1 | tee $(CARGO_TARGET_DIR)/test.log
+	@# The binary users get, built as `make build` builds it, kept for the test that finds no
+	@# failpoint registry in it (the test build below, with the crash points, replaces
+	@# release/tenantfs). tee opens its file before cargo makes the target dir: a fresh machine
+	@# has none yet.
+	@mkdir -p $(CARGO_TARGET_DIR)/shipped
+	$(CARGO) build --release --bins
+	@cp $(CARGO_TARGET_DIR)/release/tenantfs $(SHIPPED_BIN)
+	@set -o pipefail; TENANTFS_SHIPPED_BIN=$(SHIPPED_BIN) \
+	  $(CARGO) test --release --features failpoints --lib --bins --tests 2>&1 | tee $(CARGO_TARGET_DIR)/test.log
 	@awk '/^test result:/ { p += $$4; f += $$6 } END { printf "all tests: %d passed, %d failed\n", p, f }' $(CARGO_TARGET_DIR)/test.log
 
 lint: deps
@@ -99,7 +108,7 @@ asan: deps
 	for target in "--lib --" "--test it -- cache_memory::"; do \
 	ROCKSDB_LIB_DIR=$$(dirname $$lib) ROCKSDB_STATIC=1 RUSTFLAGS="$(ASAN_RUSTFLAGS)" \
 	ASAN_OPTIONS=detect_leaks=0 CARGO_TARGET_DIR=$(ASAN_TARGET_DIR) \
-	$(CARGO) +nightly test --release --target x86_64-unknown-linux-gnu --features asan \
+	$(CARGO) +nightly test --release --target x86_64-unknown-linux-gnu --features asan,failpoints \
 	  $$target --skip drops_rss 2>&1 | tee -a $(ASAN_TARGET_DIR).log || exit 1; done
 	@! grep -q "ERROR: AddressSanitizer" $(ASAN_TARGET_DIR).log && echo "asan: clean"
 

@@ -14,9 +14,11 @@ use cli::{BaseCommand, CacheCommand, Cli, Command, ConfigCommand, TenantCommand,
 
 fn main() -> ExitCode {
     tenantfs::logging::init("warn");
-    // The tests set the library's failpoints through FAILPOINTS (the fail crate's syntax);
-    // other builds have none.
-    let _failpoints = fail::has_failpoints().then(fail::FailScenario::setup);
+    // The tests set the library's failpoints through FAILPOINTS (the fail crate's syntax).
+    // Only a build with the `failpoints` feature (`make test`'s) has them: the binary that
+    // ships does not even link the fail crate's registry.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -51,14 +51,14 @@ impl TestStore {
 /// The line a child parked at a crash point prints.
 pub(crate) const PARKED: &str = "PARKED";
 
-/// Arms failpoint `name` (the `fail` crate; the test build turns its `failpoints` feature on)
-/// in this process: its `nth` hit prints [`PARKED`] on stdout and parks the thread for good, for
-/// the parent to kill the process there. (The integration tests' children park the same way,
+/// Arms failpoint `name` (the `fail` crate; `make test` turns tenantfs's `failpoints` feature
+/// on) in this process: its `nth` hit prints [`PARKED`] on stdout and parks the thread for
+/// good, for the parent to kill the process there. (The integration tests' children park the same way,
 /// with `tests/it/common/crash_point.rs`.)
 pub(crate) fn park_at_failpoint(name: &str, nth: u64) {
     assert!(
         fail::has_failpoints(),
-        "the test build lost `fail/failpoints`"
+        "crash tests need the crash points: run the tests with `--features failpoints` (make test does)"
     );
     let hits = std::sync::atomic::AtomicU64::new(0);
     fail::cfg_callback(name, move || {

@@ -22,6 +22,7 @@ mod fuse_mount;
 mod generators;
 mod mount_helper;
 mod pressure_live;
+mod shipped_binary;
 mod store_ffi;
 mod systemd_units;
 mod vm;

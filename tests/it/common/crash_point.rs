@@ -1,7 +1,8 @@
 //! Crash points: a crash test's child process stops at a named failpoint of the library (the
-//! `fail` crate, whose `failpoints` feature the test build turns on) and says so on stdout;
-//! the parent, reading the child's lines, kills it -9 there. The kill lands where the test
-//! names, every run, where a sleep before the kill landed wherever the machine's speed put it.
+//! `fail` crate, armed by tenantfs's `failpoints` feature, which `make test` turns on) and says
+//! so on stdout; the parent, reading the child's lines, kills it -9 there. The kill lands
+//! where the test names, every run, where a sleep before the kill landed wherever the
+//! machine's speed put it.
 
 use std::io::BufRead;
 use std::process::Child;
@@ -18,7 +19,7 @@ pub const PARKED: &str = "PARKED";
 pub fn park_at(name: &str, nth: u64, counts: impl Fn() -> bool + Send + Sync + 'static) {
     assert!(
         fail::has_failpoints(),
-        "the test build lost the fail crate's `failpoints` feature (a dev-dependency turns it on)"
+        "crash tests need the crash points: run the tests with `--features failpoints` (make test does)"
     );
     let hits = AtomicU64::new(0);
     fail::cfg_callback(name, move || {
