@@ -7,9 +7,10 @@ use std::time::Instant;
 
 use fuser::Errno;
 
+use super::caller::RequestCaller;
 use super::wire::{self as abi, fattr, opcode, Fields, InHeader, Out};
 use crate::fuse::ops::{system_time, Operations, Xattr, TTL};
-use crate::volume::{Owner, SetAttr};
+use crate::volume::{Clearing, Owner, SetAttr, CAPABILITY_XATTR};
 
 /// Answers one request as [`answer`] does, as the out-header's error (0 or a negative errno)
 /// and the reply's payload length, and counts it and its time in the mount's metrics. A panic
@@ -95,6 +96,29 @@ pub fn answer(
                     Some(system_time(f.u64(secs_at)?, f.u32(nanos_at)?))
                 }
             };
+            // What clears setuid and setgid (FUSE_HANDLE_KILLPRIV_V2): a chown or chgrp (the
+            // kernel flags every one), a truncate the kernel flags (its caller lacks
+            // CAP_FSETID), and a request that sets nothing at all: the kernel's own removal of
+            // privileges, whose mode change it leaves to the filesystem. That is a chown with
+            // neither owner nor group, or the removal before a write through the page cache;
+            // the second, from a privileged caller, only drops the file capability, which
+            // the kernel removed just before (REMOVEXATTR from the same thread), and clears
+            // nothing else.
+            let chown = has(fattr::UID | fattr::GID);
+            let sets_nothing = valid & !(fattr::NOT_ATTRIBUTES | fattr::KILL_SUIDGID) == 0;
+            let caller = match has(fattr::KILL_SUIDGID) && !chown {
+                true => RequestCaller::unprivileged(h.pid, h.gid),
+                false => RequestCaller::new(h.pid, h.gid),
+            };
+            let clearing = if sets_nothing && ops.took_capability_removal(ino, h.pid) {
+                Some(Clearing::Modify(&caller))
+            } else if chown && has(fattr::KILL_SUIDGID) || sets_nothing {
+                Some(Clearing::Chown(&caller))
+            } else if has(fattr::KILL_SUIDGID) {
+                Some(Clearing::Modify(&caller))
+            } else {
+                None
+            };
             let set = SetAttr {
                 perm: has(fattr::MODE).then(|| (f.u32(68).unwrap_or(0) & 0o7777) as u16),
                 uid: has(fattr::UID).then(|| f.u32(76)).flatten(),
@@ -106,7 +130,7 @@ pub fn answer(
                     .then(|| Some(system_time(f.u64(48)?, f.u32(64)?)))
                     .flatten(),
             };
-            let a = ops.setattr(ino, &set)?;
+            let a = ops.setattr(ino, &set, clearing)?;
             let mut out = Out::new(payload);
             abi::attr_out(&mut out, &a, TTL);
             Ok(out.len())
@@ -163,7 +187,11 @@ pub fn answer(
         opcode::WRITE => {
             let (offset, size) = (f.u64(8).ok_or_else(bad)?, f.u32(16).ok_or_else(bad)?);
             let bytes = input.get(..size as usize).ok_or_else(bad)?;
-            let n = ops.write(ino, offset, bytes)?;
+            let write_flags = f.u32(20).ok_or_else(bad)?;
+            let caller = RequestCaller::unprivileged(h.pid, h.gid);
+            let clearing =
+                (write_flags & abi::WRITE_KILL_SUIDGID != 0).then_some(Clearing::Modify(&caller));
+            let n = ops.write(ino, offset, bytes, clearing)?;
             let mut out = Out::new(payload);
             out.u32(n).u32(0);
             Ok(out.len())
@@ -201,7 +229,14 @@ pub fn answer(
                 Xattr::Data(v) => data(payload, &v),
             }
         }
-        opcode::REMOVEXATTR => ops.removexattr(ino, one_name()?).map(|()| 0),
+        opcode::REMOVEXATTR => {
+            let name = one_name()?;
+            ops.removexattr(ino, name)?;
+            if name == CAPABILITY_XATTR {
+                ops.note_capability_removal(ino, h.pid);
+            }
+            Ok(0)
+        }
         opcode::ACCESS => ops.access(ino).map(|()| 0),
         opcode::CREATE => {
             let mode = f.u32(4).ok_or_else(bad)?;

@@ -49,15 +49,18 @@ impl Handshake {
 impl Filesystem for Handshake {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(MAX_WRITE);
-        // FUSE_HANDLE_KILLPRIV: the volume clears setuid/setgid on write, truncate and chown
-        // itself, so the kernel does not fetch the attributes before each chown.
+        // FUSE_HANDLE_KILLPRIV_V2: the volume clears setuid/setgid on write, truncate and
+        // chown itself, so the kernel does not fetch the attributes before each chown; the
+        // kernel flags each request whose caller lacks CAP_FSETID (see `dispatch`, and
+        // `volume::privileges` for the rules). Not FUSE_HANDLE_KILLPRIV: with it the kernel
+        // says nothing of the caller, and a filesystem cannot follow the rules.
         // FUSE_DO_READDIRPLUS with _AUTO: a directory listing that is followed by lookups
         // (tar c, cp -a, rm -rf, find) comes with every entry's attributes, so the kernel
         // fills its dentries from it instead of sending one LOOKUP per name.
         let wanted = InitFlags::FUSE_PARALLEL_DIROPS
             | InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP
             | InitFlags::FUSE_ASYNC_DIO
-            | InitFlags::FUSE_HANDLE_KILLPRIV
+            | InitFlags::FUSE_HANDLE_KILLPRIV_V2
             | InitFlags::FUSE_DO_READDIRPLUS
             | InitFlags::FUSE_READDIRPLUS_AUTO;
         let mut supported = config.capabilities() & wanted;

@@ -4,6 +4,7 @@
 //! part: mounting and INIT), the serving session of one mount, and mountpoints.
 
 mod buffer;
+mod caller;
 mod device;
 mod dispatch;
 mod handshake;

@@ -5,8 +5,9 @@
 //! filesystem logic does.
 
 use std::collections::HashMap;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
@@ -14,8 +15,8 @@ use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
 use super::listing_prefetch::{self, ListingPrefetch};
 use crate::metrics::{MountMetrics, Op};
 use crate::volume::{
-    Attr, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, StatFs, Volume, VolumeError,
-    XattrMode,
+    Attr, Clearing, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, StatFs, Volume,
+    VolumeError, XattrMode,
 };
 
 /// How long the kernel may cache attributes and entries. Every change goes through this
@@ -84,6 +85,11 @@ pub(crate) struct Operations {
     listed: ListingPrefetch,
     next_fh: AtomicU64,
     pub(crate) metrics: Arc<MountMetrics>,
+    /// The mount's /dev/fuse, for notifications to the kernel (set once mounted).
+    device: OnceLock<OwnedFd>,
+    /// The inode whose file capability the kernel removed last, and the thread that asked:
+    /// the empty SETATTR that follows from that thread is that removal's (see `dispatch`).
+    capability_removal: Mutex<Option<(u64, u32)>>,
 }
 
 fn errno(e: VolumeError) -> Errno {
@@ -149,6 +155,47 @@ impl Operations {
             listed: ListingPrefetch::default(),
             next_fh: AtomicU64::new(1),
             metrics,
+            device: OnceLock::new(),
+            capability_removal: Mutex::new(None),
+        }
+    }
+
+    /// The kernel removed `ino`'s file capability for thread `pid`.
+    pub(crate) fn note_capability_removal(&self, ino: u64, pid: u32) {
+        *self
+            .capability_removal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some((ino, pid));
+    }
+
+    /// Whether the last file capability removal was `ino`'s for `pid` (forgotten then).
+    pub(crate) fn took_capability_removal(&self, ino: u64, pid: u32) -> bool {
+        let mut last = self
+            .capability_removal
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match *last {
+            Some(seen) if seen == (ino, pid) => last.take().is_some(),
+            _ => false,
+        }
+    }
+
+    /// The mount's /dev/fuse, which notifications to the kernel go to.
+    pub(crate) fn set_device(&self, fd: OwnedFd) {
+        let _ = self.device.set(fd);
+    }
+
+    /// Tells the kernel to forget `ino`'s cached attributes: a change the reply to the
+    /// request that made it does not carry (a write that cleared setuid: until the kernel
+    /// asks again, exec would still see the bit). A kernel that no longer has the inode
+    /// answers ENOENT, which is no error here.
+    fn forget_attributes(&self, ino: u64) {
+        let Some(fd) = self.device.get() else {
+            return;
+        };
+        match nix::unistd::write(fd, &super::wire::inval_inode_attributes(ino)) {
+            Ok(_) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => tracing::warn!(ino, error = %e, "cannot invalidate cached attributes"),
         }
     }
 
@@ -266,8 +313,13 @@ impl Operations {
         r.map(|a| self.attr(&a)).map_err(errno)
     }
 
-    pub(crate) fn setattr(&self, ino: u64, set: &SetAttr) -> Result<FileAttr, Errno> {
-        self.vol("setattr", |v| v.setattr(ino, set))
+    pub(crate) fn setattr(
+        &self,
+        ino: u64,
+        set: &SetAttr,
+        clearing: Option<Clearing<'_>>,
+    ) -> Result<FileAttr, Errno> {
+        self.vol("setattr", |v| v.setattr_clearing(ino, set, clearing))
             .map(|a| self.attr(&a))
             .map_err(errno)
     }
@@ -407,7 +459,7 @@ impl Operations {
                 if buf.is_empty() {
                     break;
                 }
-                done += u64::from(v.write(ino_out, off_out + done, &buf)?);
+                done += u64::from(v.write_file(ino_out, off_out + done, &buf, None)?.0);
                 if buf.len() < piece as usize {
                     break; // the source's end
                 }
@@ -424,9 +476,19 @@ impl Operations {
         }
     }
 
-    pub(crate) fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32, Errno> {
+    pub(crate) fn write(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        clearing: Option<Clearing<'_>>,
+    ) -> Result<u32, Errno> {
         let t = Instant::now();
-        let r = self.vol("write", |v| v.write(ino, offset, data));
+        let r = self.vol("write", |v| v.write_file(ino, offset, data, clearing));
+        if let Ok((_, true)) = r {
+            self.forget_attributes(ino);
+        }
+        let r = r.map(|(n, _)| n);
         self.metrics.record(Op::Write, t, r.is_ok());
         if let Ok(n) = r {
             self.metrics.add_written_bytes(n.into());

@@ -108,6 +108,7 @@ impl Session {
             .map_err(mount_err)?;
         use std::os::fd::AsFd;
         let device = session.as_fd().try_clone_to_owned().map_err(mount_err)?;
+        ops.set_device(device.try_clone().map_err(mount_err)?);
         if options.transport != Transport::Device {
             // The io_uring side gets a duplicate of the device too.
             ring.set_device(device.try_clone().map_err(mount_err)?);

@@ -88,7 +88,16 @@ pub mod fattr {
     pub const ATIME_NOW: u32 = 1 << 7;
     pub const MTIME_NOW: u32 = 1 << 8;
     pub const CTIME: u32 = 1 << 10;
+    /// Clear setuid/setgid (FUSE_HANDLE_KILLPRIV_V2): on a chown always, on a truncate when
+    /// the caller lacks CAP_FSETID.
+    pub const KILL_SUIDGID: u32 = 1 << 11;
+    /// Fields that name no attribute to set (a file handle, a lock owner).
+    pub const NOT_ATTRIBUTES: u32 = (1 << 6) | (1 << 9);
 }
+
+/// `fuse_write_in.write_flags`: the caller lacks CAP_FSETID, so the write clears setuid and
+/// setgid (FUSE_HANDLE_KILLPRIV_V2, and every write to a FOPEN_DIRECT_IO file).
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 
 /// A little-endian field reader over a request's bytes; reading past the end is a malformed
 /// request (EINVAL), never a panic.
@@ -149,6 +158,18 @@ pub fn put_out_header(header: &mut [u8], unique: u64, error: i32, payload: usize
     header[0..4].copy_from_slice(&(16 + payload as u32).to_le_bytes());
     header[4..8].copy_from_slice(&error.to_le_bytes());
     header[8..16].copy_from_slice(&unique.to_le_bytes());
+}
+
+/// FUSE_NOTIFY_INVAL_INODE for `ino`'s attributes only (offset -1: no page of its data),
+/// whole, to write to /dev/fuse: an out-header with unique 0 and the notification's code in
+/// place of an error, then `fuse_notify_inval_inode_out`.
+pub fn inval_inode_attributes(ino: u64) -> [u8; 40] {
+    const NOTIFY_INVAL_INODE: i32 = 2;
+    let mut msg = [0u8; 40];
+    put_out_header(&mut msg, 0, NOTIFY_INVAL_INODE, 24);
+    let mut out = Out::new(&mut msg[16..]);
+    out.u64(ino).u64(-1i64 as u64).u64(0);
+    msg
 }
 
 /// Appends little-endian fields to a reply.

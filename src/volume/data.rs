@@ -19,10 +19,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::chunk::{chunk_bytes, ChunkAt};
 use super::codec::{
     chunk_key, decode_chunk, decode_extent, decode_extent_key, extent_key, lookup_keys,
-    private_extent, stored_chunk, Chunk, Extent, ExtentKey,
+    private_extent, stored_chunk, xattr_key, Chunk, Extent, ExtentKey,
 };
 use super::{
-    kill_privileges, now, Fallocate, FileKind, Result, Volume, VolumeError, MULTI_GET_BLOCKS,
+    now, privileges, Clearing, Fallocate, FileKind, Result, Volume, VolumeError, MULTI_GET_BLOCKS,
     UNLOGGED_WRITE_MIN,
 };
 use crate::store::{Batch, ExtentSpan, Family};
@@ -554,11 +554,37 @@ impl Volume {
         }
     }
 
+    /// Writes `data` at `offset` (a block device's write: no mode or xattr changes).
     pub fn write(&self, ino: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        self.write_with(ino, offset, data, None).map(|(n, _)| n)
+    }
+
+    /// A write(2) to a file, with what a local filesystem's write does besides: it drops the
+    /// file's capability (`security.capability`, whoever writes: a delete of that key in the
+    /// write's own batch, no read) and clears setuid and setgid as `clearing` says (see
+    /// `privileges`). Also whether the mode changed: whoever caches it must forget it.
+    pub fn write_file(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        clearing: Option<Clearing<'_>>,
+    ) -> Result<(u32, bool)> {
+        self.write_with(ino, offset, data, Some(clearing))
+    }
+
+    /// `file`: `Some` for [`Self::write_file`], with its clearing.
+    fn write_with(
+        &self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        file: Option<Option<Clearing<'_>>>,
+    ) -> Result<(u32, bool)> {
         let (_g, mut attr, end) =
             self.lock_file_range(ino, offset, data.len() as u64, VolumeError::Invalid)?;
         if data.is_empty() {
-            return Ok(0); // writes nothing, and does not move the end of file either
+            return Ok((0, false)); // writes nothing, and does not move the end of file either
         }
         // Bulk data of a chunked volume goes into extent files (see `write_chunks`); without
         // chunks (blocks of 64 KiB and more) it skips the WAL instead.
@@ -583,7 +609,15 @@ impl Volume {
         attr.size = attr.size.max(end);
         attr.mtime = t;
         attr.ctime = t;
-        kill_privileges(&mut attr);
+        let mode_changed = match file {
+            Some(Some(change)) => privileges::clear(&mut attr, change),
+            _ => false,
+        };
+        let drop_capability = |b: &mut Batch| {
+            if file.is_some() {
+                b.delete(Family::Meta, &xattr_key(ino, privileges::CAPABILITY_XATTR));
+            }
+        };
         if bulk {
             // Bulk data goes to the memtable only (the values naming extent files, or without
             // chunks the data itself, written once into a blob file at flush); fsync flushes
@@ -593,14 +627,16 @@ impl Volume {
             // overwritten as it was, never blocks past the size.
             self.db().write_unlogged(b)?;
             let mut b = self.db().batch();
+            drop_capability(&mut b);
             self.store_attr(&mut b, &attr, &[]);
             self.db().write(b)?;
         } else {
+            drop_capability(&mut b);
             self.store_attr(&mut b, &attr, &[]);
             self.db().write(b)?;
         }
         self.blob_gc.poke(&self.tenant);
-        Ok(data.len() as u32)
+        Ok((data.len() as u32, mode_changed))
     }
 
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: Fallocate) -> Result<()> {

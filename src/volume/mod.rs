@@ -8,8 +8,9 @@
 //! that becomes all zeros is stored as a hole.
 //!
 //! The operations are grouped by what they touch: `namespace` (names and links), `data` (file
-//! bytes), `xattrs`, `orphans` (files freed after their last close); `types` holds the values
-//! they take and return, `error` the one error type. Layout and background upkeep: `codec`,
+//! bytes), `xattrs`, `orphans` (files freed after their last close); `privileges` (setuid and
+//! setgid cleared as the kernel's rules say); `types` holds the values they take and return,
+//! `error` the one error type. Layout and background upkeep: `codec`,
 //! `chunk`, `fold`, `readahead`, `neighbours`, `blob_gc`, `extent_gc`, `graft`.
 
 mod blob_gc;
@@ -25,6 +26,7 @@ mod locks;
 mod namespace;
 mod neighbours;
 mod orphans;
+mod privileges;
 mod readahead;
 #[cfg(test)]
 mod testing;
@@ -47,6 +49,7 @@ use inode_cache::InodeCache;
 use locks::InodeLocks;
 use neighbours::Neighbours;
 pub(crate) use neighbours::SMALL as SMALL_FILE;
+pub use privileges::{Caller, Clearing, CAPABILITY_XATTR};
 use readahead::Readahead;
 #[cfg(test)]
 pub(crate) use testing::TestStore;
@@ -89,16 +92,6 @@ pub struct Volume {
     records: Arc<InodeCache>,
     folds: Folds,
     blob_gc: blob_gc::BlobGc,
-}
-
-/// Clears setuid, and setgid when group-executable, as a write, truncate or chown by an
-/// unprivileged caller does. The mount handles this itself (FUSE_HANDLE_KILLPRIV), which
-/// spares the kernel a GETATTR before every chown.
-fn kill_privileges(attr: &mut Attr) {
-    attr.perm &= !0o4000;
-    if attr.perm & 0o010 != 0 {
-        attr.perm &= !0o2000;
-    }
 }
 
 fn now() -> SystemTime {
@@ -304,9 +297,25 @@ impl Volume {
         Ok(attr)
     }
 
+    /// Sets what `set` names; setuid and setgid stay as they are unless `set.perm` says.
     pub fn setattr(&self, ino: u64, set: &SetAttr) -> Result<Attr> {
+        self.setattr_clearing(ino, set, None)
+    }
+
+    /// As [`Self::setattr`], and clears setuid and setgid as `clearing` says (a truncate or a
+    /// change of owner; see `privileges`), unless `set.perm` sets the mode itself.
+    pub fn setattr_clearing(
+        &self,
+        ino: u64,
+        set: &SetAttr,
+        clearing: Option<Clearing<'_>>,
+    ) -> Result<Attr> {
         let _g = self.inodes.lock(ino);
         let (mut attr, target) = self.load(ino)?;
+        // By the file's group before a chgrp changes it, as the kernel decides.
+        if let (Some(change), None) = (clearing, set.perm) {
+            privileges::clear(&mut attr, change);
+        }
         let t = now();
         let mut b = self.db().batch();
         if let Some(size) = set.size {
@@ -338,10 +347,6 @@ impl Volume {
         }
         if let Some(m) = set.mtime {
             attr.mtime = m;
-        }
-        let changes_owner_or_size = set.size.is_some() || set.uid.is_some() || set.gid.is_some();
-        if attr.kind == FileKind::File && changes_owner_or_size && set.perm.is_none() {
-            kill_privileges(&mut attr);
         }
         attr.ctime = set.ctime.unwrap_or(t);
         self.store_attr(&mut b, &attr, &target);

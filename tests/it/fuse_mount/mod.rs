@@ -24,6 +24,7 @@ use tenantfs::volume::{Fallocate, RenameMode};
 use common::{contains, files_under, noise, snapshot};
 
 mod at_rest;
+mod kernel_rules;
 mod posix;
 mod random;
 mod workloads;

@@ -1,0 +1,133 @@
+//! The process behind a request, as far as clearing setuid and setgid needs to know it (see
+//! `volume::privileges`): whether it holds CAP_FSETID, and whether it is in a group. The
+//! request header names its thread and filesystem group; the rest (supplementary groups,
+//! effective capabilities) is read from `/proc/<tid>/status`, and only when a rule asks: a
+//! setgid file that is not group-executable, or a chown whose caller's privilege matters.
+//! When the kernel already said the caller is unprivileged (FUSE_WRITE_KILL_SUIDGID,
+//! FATTR_KILL_SUIDGID on a truncate), that is taken as it is. A thread that is gone, or a
+//! request the kernel sent on its own (pid 0), counts as unprivileged and in no other group:
+//! the rules then clear the bits, the safe side.
+
+use std::cell::OnceCell;
+
+use crate::volume::Caller;
+
+/// CAP_FSETID's bit in the capability sets (`linux/capability.h`).
+const CAP_FSETID: u32 = 4;
+
+/// A request's caller.
+pub(crate) struct RequestCaller {
+    pid: u32,
+    fsgid: u32,
+    /// The kernel said it lacks CAP_FSETID.
+    unprivileged: bool,
+    status: OnceCell<Option<Status>>,
+}
+
+/// What `/proc/<tid>/status` says of a thread's groups and capabilities.
+#[derive(Debug, PartialEq, Eq)]
+struct Status {
+    groups: Vec<u32>,
+    effective_caps: u64,
+}
+
+impl RequestCaller {
+    /// The caller of a request from thread `pid` with filesystem group `fsgid`.
+    pub(crate) fn new(pid: u32, fsgid: u32) -> Self {
+        Self {
+            pid,
+            fsgid,
+            unprivileged: false,
+            status: OnceCell::new(),
+        }
+    }
+
+    /// The same, known to lack CAP_FSETID (the kernel flagged the request so).
+    pub(crate) fn unprivileged(pid: u32, fsgid: u32) -> Self {
+        Self {
+            unprivileged: true,
+            ..Self::new(pid, fsgid)
+        }
+    }
+
+    fn status(&self) -> Option<&Status> {
+        self.status
+            .get_or_init(|| {
+                if self.pid == 0 {
+                    return None;
+                }
+                let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
+                parse_status(&text)
+            })
+            .as_ref()
+    }
+}
+
+impl Caller for RequestCaller {
+    fn privileged(&self) -> bool {
+        !self.unprivileged
+            && self
+                .status()
+                .is_some_and(|s| s.effective_caps & (1 << CAP_FSETID) != 0)
+    }
+
+    fn in_group(&self, gid: u32) -> bool {
+        gid == self.fsgid || self.status().is_some_and(|s| s.groups.contains(&gid))
+    }
+}
+
+fn parse_status(text: &str) -> Option<Status> {
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+    };
+    let groups = field("Groups:")?
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<Vec<u32>, _>>()
+        .ok()?;
+    let effective_caps = u64::from_str_radix(field("CapEff:")?, 16).ok()?;
+    Some(Status {
+        groups,
+        effective_caps,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_gives_groups_and_effective_capabilities() {
+        let text = "Name:\tsh\nUid:\t1000\t1000\t1000\t1000\nGid:\t100\t100\t100\t100\n\
+                    Groups:\t4 27 100 \nCapInh:\t0000000000000000\nCapPrm:\t0000000000000010\n\
+                    CapEff:\t0000000000000010\n";
+        assert_eq!(
+            parse_status(text),
+            Some(Status {
+                groups: vec![4, 27, 100],
+                effective_caps: 0x10,
+            })
+        );
+        assert_eq!(
+            parse_status("Groups:\t\nCapEff:\t0\n").map(|s| s.groups),
+            Some(vec![])
+        );
+        assert_eq!(parse_status("Groups:\tx\nCapEff:\t0\n"), None);
+    }
+
+    #[test]
+    fn this_process_is_read_from_proc() {
+        let me = std::process::id();
+        let gid = nix::unistd::getegid().as_raw();
+        let caller = RequestCaller::new(me, gid);
+        assert!(caller.in_group(gid));
+        // The tests run as root with every capability (make test); a non-root run has none.
+        assert_eq!(caller.privileged(), nix::unistd::geteuid().is_root());
+        assert!(!RequestCaller::unprivileged(me, gid).privileged());
+        // A thread that does not exist: unprivileged, in its own group only.
+        let gone = RequestCaller::new(0, 5);
+        assert!(!gone.privileged() && gone.in_group(5) && !gone.in_group(6));
+    }
+}
