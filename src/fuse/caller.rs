@@ -6,7 +6,8 @@
 //! When the kernel already said the caller is unprivileged (FUSE_WRITE_KILL_SUIDGID,
 //! FATTR_KILL_SUIDGID on a truncate), that is taken as it is. A thread that is gone, or a
 //! request the kernel sent on its own (pid 0), counts as unprivileged and in no other group:
-//! the rules then clear the bits, the safe side.
+//! the rules then clear the bits, the safe side; so does a process in another user namespace
+//! (a container's root), whose capabilities are not the initial namespace's.
 
 use std::cell::OnceCell;
 
@@ -29,6 +30,14 @@ pub(crate) struct RequestCaller {
 struct Status {
     groups: Vec<u32>,
     effective_caps: u64,
+}
+
+/// Whether thread `pid` is in this process's user namespace. Capabilities count only there:
+/// the kernel asks for CAP_FSETID in the initial namespace, where the daemon runs, and a
+/// container's root holds its capabilities in a namespace of its own.
+fn in_our_user_namespace(pid: u32) -> bool {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/user")).ok();
+    matches!((ns(&pid.to_string()), ns("self")), (Some(theirs), Some(ours)) if theirs == ours)
 }
 
 impl RequestCaller {
@@ -57,7 +66,11 @@ impl RequestCaller {
                     return None;
                 }
                 let text = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
-                parse_status(&text)
+                let mut status = parse_status(&text)?;
+                if !in_our_user_namespace(self.pid) {
+                    status.effective_caps = 0;
+                }
+                Some(status)
             })
             .as_ref()
     }
@@ -115,6 +128,33 @@ mod tests {
             Some(vec![])
         );
         assert_eq!(parse_status("Groups:\tx\nCapEff:\t0\n"), None);
+    }
+
+    #[test]
+    fn capabilities_held_in_another_user_namespace_do_not_count() {
+        // Root of a user namespace of its own: every capability there, none here.
+        let mut child = std::process::Command::new("unshare")
+            .args(["--user", "--map-root-user", "sleep", "30"])
+            .spawn()
+            .expect("unshare (util-linux) runs");
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while in_our_user_namespace(pid) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let caps = parse_status(&text).unwrap().effective_caps;
+        let left = !in_our_user_namespace(pid);
+        let privileged = RequestCaller::new(pid, 0).privileged();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(left, "the child never left our user namespace");
+        assert_ne!(
+            caps & (1 << CAP_FSETID),
+            0,
+            "it holds CAP_FSETID in its namespace"
+        );
+        assert!(!privileged);
     }
 
     #[test]

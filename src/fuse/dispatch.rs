@@ -110,7 +110,8 @@ pub fn answer(
                 true => RequestCaller::unprivileged(h.pid, h.gid),
                 false => RequestCaller::new(h.pid, h.gid),
             };
-            let clearing = if sets_nothing && ops.took_capability_removal(ino, h.pid) {
+            let after_capability_removal = ops.took_capability_removal(ino, h.pid);
+            let clearing = if sets_nothing && after_capability_removal {
                 Some(Clearing::Modify(&caller))
             } else if chown && has(fattr::KILL_SUIDGID) || sets_nothing {
                 Some(Clearing::Chown(&caller))

@@ -4,7 +4,7 @@
 //! Attribute conversion, errno mapping, lookup counts and directory handles live here; no
 //! filesystem logic does.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -30,6 +30,10 @@ pub(crate) const TTL: Duration = Duration::from_secs(1);
 /// overwrite job: p50 708 -> 264 us per 1 MiB write with whole requests). The kernel caps the
 /// pages at `fs.fuse.max_pages_limit` (256 unless root raises it; see README.md).
 pub(crate) const MAX_WRITE: u32 = 2 << 20;
+
+/// Capability removals remembered at once (see `Operations::note_capability_removal`): each
+/// is taken by the SETATTR its thread sends right after it.
+const CAPABILITY_REMOVALS: usize = 64;
 
 /// Most bytes one COPY_FILE_RANGE copies (a bound on how long it holds its queue), and how
 /// many at a time (a bulk write: see `Volume::write`).
@@ -87,9 +91,10 @@ pub(crate) struct Operations {
     pub(crate) metrics: Arc<MountMetrics>,
     /// The mount's /dev/fuse, for notifications to the kernel (set once mounted).
     device: OnceLock<OwnedFd>,
-    /// The inode whose file capability the kernel removed last, and the thread that asked:
-    /// the empty SETATTR that follows from that thread is that removal's (see `dispatch`).
-    capability_removal: Mutex<Option<(u64, u32)>>,
+    /// Inodes whose file capability the kernel removed, each with the thread that asked,
+    /// until that thread's next SETATTR of the inode: an empty one is that removal's (see
+    /// `dispatch`). A few at most; the oldest go first past [`CAPABILITY_REMOVALS`].
+    capability_removals: Mutex<VecDeque<(u64, u32)>>,
 }
 
 fn errno(e: VolumeError) -> Errno {
@@ -156,27 +161,34 @@ impl Operations {
             next_fh: AtomicU64::new(1),
             metrics,
             device: OnceLock::new(),
-            capability_removal: Mutex::new(None),
+            capability_removals: Mutex::new(VecDeque::new()),
         }
     }
 
     /// The kernel removed `ino`'s file capability for thread `pid`.
     pub(crate) fn note_capability_removal(&self, ino: u64, pid: u32) {
-        *self
-            .capability_removal
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some((ino, pid));
-    }
-
-    /// Whether the last file capability removal was `ino`'s for `pid` (forgotten then).
-    pub(crate) fn took_capability_removal(&self, ino: u64, pid: u32) -> bool {
-        let mut last = self
-            .capability_removal
+        let mut noted = self
+            .capability_removals
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        match *last {
-            Some(seen) if seen == (ino, pid) => last.take().is_some(),
-            _ => false,
+        if !noted.contains(&(ino, pid)) {
+            if noted.len() == CAPABILITY_REMOVALS {
+                noted.pop_front();
+            }
+            noted.push_back((ino, pid));
+        }
+    }
+
+    /// Whether the kernel removed `ino`'s file capability for `pid` since that thread's last
+    /// SETATTR of it; forgotten then (call it once for each SETATTR).
+    pub(crate) fn took_capability_removal(&self, ino: u64, pid: u32) -> bool {
+        let mut noted = self
+            .capability_removals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match noted.iter().position(|n| *n == (ino, pid)) {
+            Some(i) => noted.remove(i).is_some(),
+            None => false,
         }
     }
 

@@ -1,6 +1,6 @@
 # What the mount's INIT handshake hands from the kernel to the daemon, besides clearing
 # setuid (privileges.py): run in directory argv[1], it prints one line per observation. The
-# test runs it on the host's disk and on a mount and compares the lines.
+# test runs it on a local ext4 and on a mount and compares the lines.
 #   FUSE_DO_READDIRPLUS(_AUTO): a listing carries every entry's attributes, which the kernel
 #     keeps as if it had looked each name up, so they must be what a lookup would say.
 #   FUSE_PARALLEL_DIROPS: lookups and listings of one directory run at once; creates and

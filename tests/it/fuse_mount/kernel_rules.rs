@@ -1,6 +1,6 @@
 //! What the mount's INIT handshake hands from the kernel to the daemon, checked the one way
-//! that catches a round-trip optimisation changing a semantic: the same script runs on the
-//! host's disk and on a mount, and every line it prints must be the same on both.
+//! that catches a round-trip optimisation changing a semantic: the same script runs on a local
+//! ext4 and on a mount, and every line it prints must be the same on both.
 //! `privileges.py`: setuid, setgid and file capabilities cleared by chown, chgrp, write,
 //! truncate and allocation, by owner, other users and root, with and without the
 //! group-execute bit, on every kind of node (FUSE_HANDLE_KILLPRIV_V2). `handed_over.py`:
@@ -11,6 +11,7 @@
 //! cache over /dev/fuse.
 
 use super::*;
+use crate::common::guards::small_ext4;
 
 const PRIVILEGES_PY: &str = include_str!("privileges.py");
 const HANDED_OVER_PY: &str = include_str!("handed_over.py");
@@ -22,12 +23,13 @@ fn run_script(script: &str, dir: &Path) -> String {
     check(cmd("python3", &["-c", script]).arg(dir))
 }
 
-/// Runs `script` in a directory on the host's disk, then in one on each of [`MOUNTS`], and
-/// asserts every mount printed what the host's disk did.
-fn same_as_host_disk(name: &str, script: &str) {
+/// Runs `script` in a directory on a local ext4, then in one on each of [`MOUNTS`], and
+/// asserts every mount printed what ext4 did.
+fn same_as_ext4(name: &str, script: &str) {
     let h = Host::new(name);
     h.create_tenant("t");
-    let local = h.dir("local");
+    // A fresh ext4 of its own, mounted with setuid and exec allowed, whatever /var/tmp is.
+    let (local, _ext4) = small_ext4(&h.dir("reference"), 256 << 20);
     let want = run_script(script, &local);
     assert!(
         want.lines().count() > 10,
@@ -48,7 +50,7 @@ fn same_as_host_disk(name: &str, script: &str) {
             .collect();
         assert!(
             differ.is_empty() && want.lines().count() == got.lines().count(),
-            "mounted with -o '{options}': {} of {} lines differ from the host's disk \
+            "mounted with -o '{options}': {} of {} lines differ from ext4 \
              ({} lines on the mount), the first:\n{}",
             differ.len(),
             want.lines().count(),
@@ -59,11 +61,11 @@ fn same_as_host_disk(name: &str, script: &str) {
 }
 
 #[test]
-fn setuid_setgid_and_capabilities_are_cleared_as_on_the_host_disk() {
-    same_as_host_disk("privileges", PRIVILEGES_PY);
+fn setuid_setgid_and_capabilities_are_cleared_as_on_ext4() {
+    same_as_ext4("privileges", PRIVILEGES_PY);
 }
 
 #[test]
-fn listings_races_parallel_direct_io_and_mappings_are_as_on_the_host_disk() {
-    same_as_host_disk("handed-over", HANDED_OVER_PY);
+fn listings_races_parallel_direct_io_and_mappings_are_as_on_ext4() {
+    same_as_ext4("handed-over", HANDED_OVER_PY);
 }

@@ -1,6 +1,6 @@
 # Clearing setuid, setgid and file capabilities, as the kernel's rules do it on a local file
 # system: runs every case in directory argv[1] (as root, forking a child for each unprivileged
-# step) and prints one line per case. The test runs it on the host's disk and on a mount and
+# step) and prints one line per case. The test runs it on a local ext4 and on a mount and
 # compares the lines, so a mount that hands this work to the daemon must do what the kernel
 # does, case for case.
 import errno
