@@ -28,6 +28,11 @@ use std::path::{Path, PathBuf};
 use crate::crypto::{KeyError, MasterKey};
 use crate::fs_util::write_atomic;
 
+/// The data dir when neither `--data-dir` nor `$TENANTFS_DATA_DIR` names one; the shipped
+/// `tenantfs.service` runs the daemon on it and loads [`key_file`] of it as its credential
+/// (tests/it/systemd_units.rs checks the unit says so).
+pub const DEFAULT_ROOT: &str = "/var/lib/tenantfs";
+
 const KEY_FILE: &str = "master.key";
 const CHECK_FILE: &str = "master.check";
 const TENANTS: &str = "tenants";
@@ -42,11 +47,16 @@ pub enum DataDirError {
     NotInitialised(PathBuf),
     #[error(
         "no master key: looked at {looked}; data dir {root} was initialised with a key that is \
-         not there: put that key file back at {root}/master.key (mode 0600; tenantfs.service \
-         loads it from there) or pass --master-key FILE (`tenantfs init` makes a key only for \
-         a data dir that has none)"
+         not there: put that key file back at {key} (mode 0600{unit}) or pass --master-key \
+         FILE (`tenantfs init` makes a key only for a data dir that has none)",
+        unit = unit_loads_it(.root)
     )]
-    NoKey { root: PathBuf, looked: String },
+    NoKey {
+        root: PathBuf,
+        /// Where `init` put the key: [`key_file`] of `root`.
+        key: PathBuf,
+        looked: String,
+    },
     #[error(
         "the master key from {key} is not the key data dir {root} was initialised with; \
          nothing was changed; use the original key file"
@@ -118,6 +128,18 @@ pub fn key_file(root: &Path) -> PathBuf {
     root.join(KEY_FILE)
 }
 
+/// What the `NoKey` error adds about the shipped unit: it loads the key from [`key_file`] of
+/// [`DEFAULT_ROOT`] only, so it is named for that data dir and no other (a unit edited for
+/// another data dir is the editor's to know about).
+fn unit_loads_it(root: &Path) -> &'static str {
+    let is_default = std::path::absolute(root).is_ok_and(|r| r == Path::new(DEFAULT_ROOT));
+    if is_default {
+        "; tenantfs.service loads it from there"
+    } else {
+        ""
+    }
+}
+
 /// The systemd credential's file, when systemd passed credentials.
 fn credential_file() -> Option<PathBuf> {
     std::env::var_os("CREDENTIALS_DIRECTORY").map(|dir| Path::new(&dir).join(CREDENTIAL_NAME))
@@ -137,6 +159,7 @@ fn no_key(root: &Path) -> DataDirError {
     looked.push(format!("{} (not there)", key_file(root).display()));
     DataDirError::NoKey {
         root: root.to_owned(),
+        key: key_file(root),
         looked: looked.join(" and "),
     }
 }
@@ -245,5 +268,46 @@ fn verify(root: &Path, source: &KeySource, master: &MasterKey) -> Result<(), Dat
             key: source.path().to_owned(),
             root: root.to_owned(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_key_message(root: &Path) -> String {
+        DataDirError::NoKey {
+            root: root.to_owned(),
+            key: key_file(root),
+            looked: format!("{} (not there)", key_file(root).display()),
+        }
+        .to_string()
+    }
+
+    /// The unit is named only for the data dir it loads the key of; the path to put the key
+    /// back at is `key_file` of the data dir, however the data dir was written.
+    #[test]
+    fn no_key_names_the_unit_only_for_its_data_dir() {
+        for default in [DEFAULT_ROOT, "/var/lib/tenantfs/", "/var/lib//tenantfs"] {
+            let msg = no_key_message(Path::new(default));
+            assert!(
+                msg.contains(&format!(
+                    "put that key file back at {} (mode 0600; tenantfs.service loads it from \
+                     there)",
+                    key_file(Path::new(default)).display()
+                )),
+                "{default}: {msg}"
+            );
+        }
+        let other = Path::new("/srv/tenantfs");
+        let msg = no_key_message(other);
+        assert!(
+            msg.contains("put that key file back at /srv/tenantfs/master.key (mode 0600) or"),
+            "{msg}"
+        );
+        assert!(!msg.contains("tenantfs.service"), "{msg}");
+        // A data dir beside the default, not the default.
+        let msg = no_key_message(Path::new("/var/lib/tenantfs2"));
+        assert!(!msg.contains("tenantfs.service"), "{msg}");
     }
 }

@@ -17,7 +17,7 @@ pub struct Cli {
         long,
         global = true,
         env = "TENANTFS_DATA_DIR",
-        default_value = "/var/lib/tenantfs"
+        default_value = tenantfs::data_dir::DEFAULT_ROOT
     )]
     pub data_dir: PathBuf,
     /// Master key file: 32 raw bytes or 64 hex characters, mode 0600.

@@ -30,11 +30,22 @@ pub enum ControlError {
         source: std::io::Error,
     },
     #[error(
-        "permission denied on {path} ({source}): the control socket takes requests from root \
-         and the serving process's own user only; run this as root (or as that user)"
+        "permission denied on {path} ({source}): {who}; run this as root (or as that user)",
+        who = super::WHO_MAY_CONNECT
     )]
     Denied {
         path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The directory of the per-mount sockets could not be listed: not a socket, so not
+    /// [`ControlError::Denied`]'s wording.
+    #[error(
+        "permission denied listing {dir} ({source}), the directory where the processes serving \
+         mounts put their control sockets: it is private to the user that made it; run this \
+         as root (or as that user)"
+    )]
+    RunDirDenied {
+        dir: PathBuf,
         source: std::io::Error,
     },
     #[error("cannot reach the control socket {path}: {source}")]
@@ -211,8 +222,8 @@ pub fn serving_sockets(data_root: &Path) -> Result<Vec<PathBuf>, ControlError> {
     let dir = super::run_dir(data_root);
     let entries = match std::fs::read_dir(&dir) {
         Ok(e) => e,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
-            return Err(ControlError::connect(&dir, e))
+        Err(source) if matches!(source.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {
+            return Err(ControlError::RunDirDenied { dir, source })
         }
         Err(_) => return Err(ControlError::NoServer(data_root.to_owned())),
     };
@@ -230,4 +241,37 @@ pub fn serving_sockets(data_root: &Path) -> Result<Vec<PathBuf>, ControlError> {
         return Err(ControlError::NoServer(data_root.to_owned()));
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eacces() -> std::io::Error {
+        std::io::Error::from_raw_os_error(libc::EACCES)
+    }
+
+    /// A directory that cannot be listed is not called a control socket; a socket that cannot
+    /// be reached is described in the words the server refuses with.
+    #[test]
+    fn denied_messages_say_what_was_denied() {
+        let dir = ControlError::RunDirDenied {
+            dir: "/d/run".into(),
+            source: eacces(),
+        }
+        .to_string();
+        assert!(
+            dir.starts_with("permission denied listing /d/run (")
+                && dir.contains("directory where the processes serving mounts put their")
+                && dir.contains("run this as root"),
+            "{dir}"
+        );
+        assert!(!dir.contains("control socket takes"), "{dir}");
+        let sock = ControlError::connect(Path::new("/d/tenantfs.sock"), eacces()).to_string();
+        assert!(
+            sock.starts_with("permission denied on /d/tenantfs.sock (")
+                && sock.contains(super::super::WHO_MAY_CONNECT),
+            "{sock}"
+        );
+    }
 }

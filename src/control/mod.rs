@@ -14,9 +14,14 @@ mod server;
 
 pub use client::{probe, serving_sockets, Client, ControlError};
 pub use protocol::{AttachVia, Refusal, RefusalCode, Reply, Request, Response};
-pub use server::{Handler, Server};
+pub use server::{Handler, Server, SocketHandle};
 
 use std::path::{Path, PathBuf};
+
+/// Who may use a control socket ([`server::peer_allowed`]), in the one wording both sides
+/// give: the server's refusal and the client's "permission denied" at connect.
+pub(crate) const WHO_MAY_CONNECT: &str =
+    "the control socket takes requests from root and the serving process's own user only";
 
 /// Where serving processes put their sockets.
 pub fn run_dir(data_root: &Path) -> PathBuf {

@@ -26,6 +26,8 @@ pub struct Server {
     /// The socket file's (device, inode): it is removed at the end only if it is still ours,
     /// not one a later server bound at the same path after ours was deleted.
     file: (u64, u64),
+    /// That socket file, held (O_PATH) from the moment it was bound: see [`SocketHandle`].
+    handle: SocketHandle,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -54,13 +56,10 @@ impl Server {
             std::fs::remove_file(path)?;
         }
         let listener = UnixListener::bind(path)?;
+        // At once, before anything else can delete or replace the file.
+        let handle = SocketHandle::open(path)?;
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-        let file = file_id(path).ok_or_else(|| {
-            std::io::Error::other(format!(
-                "control socket {} vanished as it was made",
-                path.display()
-            ))
-        })?;
+        let file = handle.file_id()?;
         let waker = listener.try_clone()?;
         let stop = Arc::new(AtomicBool::new(false));
         let thread = {
@@ -73,6 +72,7 @@ impl Server {
             path: path.to_owned(),
             listener: waker,
             file,
+            handle,
             stop,
             thread: Some(thread),
         })
@@ -80,6 +80,56 @@ impl Server {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A handle of its own on this server's socket file (see [`SocketHandle`]): for a check
+    /// from inside this process that must reach this very server whatever became of the
+    /// file at [`Server::path`] (the daemon's watchdog).
+    pub fn handle(&self) -> std::io::Result<SocketHandle> {
+        Ok(SocketHandle(self.handle.0.try_clone()?))
+    }
+}
+
+/// An O_PATH descriptor of a control socket's file, opened as the socket was bound. Its
+/// [`SocketHandle::path`], `/proc/self/fd/N`, is a name connect(2) follows to that very inode,
+/// which stays bound to the server's socket until the server closes it: connecting there
+/// reaches the server even after its file was deleted (a cleanup of the data dir, an operator's
+/// `rm`) or another file was put at its path. Only this process can use that name.
+#[derive(Debug)]
+pub struct SocketHandle(std::fs::File);
+
+impl SocketHandle {
+    fn open(path: &Path) -> std::io::Result<Self> {
+        use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!("control socket {} as it was made: {e}", path.display()),
+                )
+            })?;
+        if !file.metadata()?.file_type().is_socket() {
+            return Err(std::io::Error::other(format!(
+                "control socket {} was replaced by another file as it was made",
+                path.display()
+            )));
+        }
+        Ok(Self(file))
+    }
+
+    /// The file's (device, inode).
+    fn file_id(&self) -> std::io::Result<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt;
+        let m = self.0.metadata()?;
+        Ok((m.dev(), m.ino()))
+    }
+
+    /// The name to connect to, valid in this process while `self` is open.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/self/fd/{}", self.0.as_raw_fd()))
     }
 }
 
@@ -153,11 +203,11 @@ fn serve_one(stream: UnixStream, handler: &Handler) -> std::io::Result<()> {
         tracing::warn!(
             uid = cred.uid(),
             pid = cred.pid(),
-            "control request refused: not root"
+            "control request refused: neither root nor this process's own user"
         );
         Err(Refusal::new(
             RefusalCode::PermissionDenied,
-            "permission denied: the control socket takes requests from root only",
+            format!("permission denied: {}", super::WHO_MAY_CONNECT),
         ))
     } else {
         match serde_json::from_str::<Request>(&line) {
@@ -225,6 +275,31 @@ mod tests {
         );
         assert!(drop_ends(second, 30));
         assert!(!path.exists(), "a server removes its own socket file");
+    }
+
+    /// Through its handle, a server is reached after its socket file was deleted, and after
+    /// another server took the path: the first one answers, not the second.
+    #[test]
+    fn the_handle_reaches_the_server_whatever_became_of_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let answer = |word: &'static str| -> Handler {
+            Arc::new(move |_| Err(Refusal::new(RefusalCode::BadRequest, word)))
+        };
+        let first = Server::start(&path, answer("first")).unwrap();
+        let handle = first.handle().unwrap();
+        let ask = |at: &Path| match crate::control::Client::new(at).call(&Request::Stats) {
+            Err(e) => e.refusal().map(|r| r.message.clone()),
+            Ok(_) => None,
+        };
+        assert_eq!(ask(&handle.path()).as_deref(), Some("first"));
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(ask(&handle.path()).as_deref(), Some("first"));
+        let second = Server::start(&path, answer("second")).unwrap();
+        assert_eq!(ask(&path).as_deref(), Some("second"));
+        assert_eq!(ask(&handle.path()).as_deref(), Some("first"));
+        assert!(drop_ends(first, 30));
+        drop(second);
     }
 
     #[test]

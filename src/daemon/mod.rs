@@ -314,7 +314,7 @@ pub fn run(data: DataDir, config: &Config, socket: &Path) -> Result<(), DaemonEr
     tracing::info!(socket = %socket.display(), "tenantfs daemon ready");
     notify_systemd("READY=1");
     daemon.tell_systemd();
-    let watchdog = notify::start_watchdog(socket.to_owned());
+    let watchdog = notify::start_watchdog(&server);
     let (stop, stopped) = std::sync::mpsc::channel::<()>();
     let supervisor = {
         let d = daemon.clone();

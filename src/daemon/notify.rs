@@ -4,11 +4,16 @@
 //! The watchdog (`WatchdogSec=` in the unit) is served by a thread that sends WATCHDOG=1 every
 //! half interval only after the daemon answered a request on its own control socket: a timer
 //! alone would keep a wedged daemon (accept loop stuck, handlers deadlocked) alive, while
-//! this way systemd restarts it.
+//! this way systemd restarts it. The thread connects through the server's
+//! [`SocketHandle`] (an O_PATH descriptor of the socket file taken as it was bound), not
+//! through the file's name: deleting or replacing `tenantfs.sock` under a healthy daemon
+//! must not have systemd kill it (and take its mounts down) as hung.
 
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use crate::control::{Server, SocketHandle};
 
 /// Sends `state` (e.g. "READY=1") to systemd if it is listening; does nothing otherwise.
 pub fn notify_systemd(state: &str) {
@@ -59,10 +64,26 @@ impl Drop for Watchdog {
 }
 
 /// With `WatchdogSec=` set (for this pid), sends WATCHDOG=1 every half interval, but only
-/// while the daemon answers a stats request on its own control socket: a wedged daemon gets
-/// restarted. `None` when systemd asked for no watchdog.
-pub fn start_watchdog(socket: std::path::PathBuf) -> Option<Watchdog> {
+/// while the daemon answers a stats request on its own control socket (`server`, reached
+/// through its handle whatever became of its file): a wedged daemon gets restarted. `None`
+/// when systemd asked for no watchdog.
+pub fn start_watchdog(server: &Server) -> Option<Watchdog> {
     let every = watchdog_interval()?;
+    let socket = server.path().to_owned();
+    // Kept open by the thread while it uses its name.
+    let handle: Option<SocketHandle> = server
+        .handle()
+        .inspect_err(|e| {
+            tracing::warn!(
+                socket = %socket.display(),
+                error = %e,
+                "watchdog: no handle on the control socket; checking it by its path"
+            )
+        })
+        .ok();
+    let target = handle
+        .as_ref()
+        .map_or_else(|| socket.clone(), SocketHandle::path);
     tracing::info!(
         ping_every_ms = (every / 2).as_millis() as u64,
         "serving systemd's watchdog"
@@ -71,17 +92,22 @@ pub fn start_watchdog(socket: std::path::PathBuf) -> Option<Watchdog> {
     let stopped = stop.clone();
     let spawned = std::thread::Builder::new()
         .name("tenantfs-watchdog".into())
-        .spawn(move || loop {
-            std::thread::sleep(every / 2);
-            if stopped.load(Ordering::Acquire) {
-                return;
-            }
-            match crate::control::Client::new(socket.clone()).stats() {
-                Ok(_) => notify_systemd("WATCHDOG=1"),
-                // Not while going down: the socket closes then.
-                Err(_) if stopped.load(Ordering::Acquire) => return,
-                Err(e) => {
-                    tracing::error!(error = %e, "watchdog: the daemon does not answer itself")
+        .spawn(move || {
+            let _handle = handle;
+            loop {
+                std::thread::sleep(every / 2);
+                if stopped.load(Ordering::Acquire) {
+                    return;
+                }
+                match crate::control::Client::new(target.clone()).stats() {
+                    Ok(_) => notify_systemd("WATCHDOG=1"),
+                    // Not while going down: the socket closes then.
+                    Err(_) if stopped.load(Ordering::Acquire) => return,
+                    Err(e) => tracing::error!(
+                        socket = %socket.display(),
+                        error = %e,
+                        "watchdog: the daemon does not answer itself"
+                    ),
                 }
             }
         });

@@ -155,6 +155,13 @@ fn installed_unit_loads_the_key_init_writes() {
     );
     let data_dir = unit_setting(&unit, "Environment", "TENANTFS_DATA_DIR=");
     let credential = unit_setting(&unit, "LoadCredential", "tenantfs-master-key:");
+    // The data dir whose missing key the daemon's error says the unit loads (and no other).
+    let default = Path::new(tenantfs::data_dir::DEFAULT_ROOT);
+    assert_eq!(Path::new(&data_dir), default);
+    assert_eq!(
+        Path::new(&credential),
+        tenantfs::data_dir::key_file(default)
+    );
     // Without the file, systemd falls back to a blank credential instead of failing the unit.
     assert_eq!(
         unit_setting(&unit, "SetCredential", "tenantfs-master-key:"),
@@ -209,6 +216,8 @@ fn daemon_without_a_key_says_where_it_looked() {
             .arg("--socket")
             .arg(&socket),
     );
+    // Not the unit's data dir: the unit, which loads another file, goes unmentioned.
+    assert!(!err.contains("tenantfs.service"), "{err}");
     for want in [
         "no master key".to_owned(),
         format!("{} (blank", creds.join("tenantfs-master-key").display()),

@@ -176,7 +176,9 @@ fn notifications(listener: &std::os::unix::net::UnixDatagram, window: Duration) 
 }
 
 /// With `WatchdogSec=` (WATCHDOG_USEC 400 ms), WATCHDOG=1 comes every half interval after
-/// READY=1, again and again while the daemon answers its own socket.
+/// READY=1, again and again while the daemon answers its own socket, and goes on after the
+/// socket file is deleted: the daemon still answers (through the socket it holds), and
+/// systemd must not kill a healthy daemon for a file gone.
 #[test]
 fn watchdog_pings_while_the_daemon_answers() {
     let h = Host::new("watchdog");
@@ -186,6 +188,13 @@ fn watchdog_pings_while_the_daemon_answers() {
     let pings = got.iter().filter(|m| *m == "WATCHDOG=1").count();
     // Every 200 ms: about 10 in 2 s; 3 leaves room for a slow machine.
     assert!(pings >= 3, "{pings} WATCHDOG=1 in 2 s: {got:?}");
+    std::fs::remove_file(h.data.join("tenantfs.sock")).unwrap();
+    let got = notifications(&listener, Duration::from_secs(2));
+    let pings = got.iter().filter(|m| *m == "WATCHDOG=1").count();
+    assert!(
+        pings >= 3,
+        "{pings} WATCHDOG=1 in 2 s once tenantfs.sock was deleted: {got:?}"
+    );
     // Going down, the watchdog stops with the socket, without a false alarm.
     d.terminate_cleanly(&[]);
     let log = std::fs::read_to_string(h.root().join("daemon.log")).unwrap();
@@ -211,24 +220,32 @@ fn no_watchdog_for_another_pid() {
     drop(d);
 }
 
-/// `tenantfs stats` as uid/gid 65534 on the data dir at `data`: its stderr (it must fail).
-fn stats_as_nobody(data: &std::path::Path) -> String {
+/// `tenantfs ARGS` as uid/gid 65534 on the data dir at `data`: its stderr (it must fail).
+fn as_nobody(data: &std::path::Path, args: &[&str]) -> String {
     let out = check_fails(
         std::process::Command::new("setpriv")
             .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
             .arg(crate::common::process::BIN)
             .arg("--data-dir")
             .arg(data)
-            .args(["--config", "/dev/null", "stats"]),
+            .args(["--config", "/dev/null"])
+            .args(args),
     );
     assert!(!out.contains("panicked"), "{out}");
     out
 }
 
+/// Who may use a control socket, in the one wording the client (connect refused by file
+/// modes) and the server (peer credentials) both give.
+const WHO_MAY_CONNECT: &str =
+    "the control socket takes requests from root and the serving process's own user only";
+
 /// A daemon that runs but may not be talked to is not one that is not running: `stats` as
 /// another user says permission denied and to run as root, whether the data dir (0700) or
-/// the socket itself (0600) stands in the way; with the daemon killed (its socket file left)
-/// or its socket gone, `stats` says it is not running.
+/// the socket itself (0600) stands in the way, and the server's own refusal (modes opened)
+/// says who may connect in the same words; with the daemon killed (its socket file left) or
+/// its socket gone, `stats` says it is not running. A `run/` directory another user cannot
+/// list is called that, not a control socket.
 #[test]
 fn stats_tells_permission_denied_from_not_running() {
     use std::os::unix::fs::PermissionsExt;
@@ -240,10 +257,11 @@ fn stats_tells_permission_denied_from_not_running() {
     };
     for data_mode in [0o700, 0o711] {
         mode(&h.data, data_mode);
-        let err = stats_as_nobody(&h.data);
+        let err = as_nobody(&h.data, &["stats"]);
         assert!(
             err.contains("permission denied")
                 && err.contains(socket.to_str().unwrap())
+                && err.contains(WHO_MAY_CONNECT)
                 && err.contains("run this as root"),
             "data dir mode {data_mode:o}: {err}"
         );
@@ -252,6 +270,14 @@ fn stats_tells_permission_denied_from_not_running() {
             "data dir mode {data_mode:o}: {err}"
         );
     }
+    // Only the peer-credential check in the way: the server's refusal, in the same words.
+    mode(&socket, 0o666);
+    let err = as_nobody(&h.data, &["stats"]);
+    assert!(
+        err.contains("permission denied") && err.contains(WHO_MAY_CONNECT),
+        "refused by the server: {err}"
+    );
+    mode(&socket, 0o600);
     mode(&h.data, 0o700);
     assert!(h.ok(&["stats"]).contains("daemon pid"));
     d.0.kill().unwrap();
@@ -265,6 +291,24 @@ fn stats_tells_permission_denied_from_not_running() {
         );
         let _ = std::fs::remove_file(&socket);
     }
+    // No daemon; the per-mount sockets' directory is root's (0700): `cache stats` as another
+    // user cannot list it, and says so about a directory.
+    let run = h.data.join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    mode(&run, 0o700);
+    mode(&h.data, 0o711);
+    let err = as_nobody(&h.data, &["cache", "stats"]);
+    mode(&h.data, 0o700);
+    assert!(
+        err.contains(&format!("permission denied listing {}", run.display()))
+            && err.contains("directory where the processes serving mounts put their control")
+            && err.contains("run this as root"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(WHO_MAY_CONNECT) && !err.contains("not running"),
+        "{err}"
+    );
 }
 
 /// VmRSS of `pid`, bytes.
