@@ -115,22 +115,9 @@ mod tests {
     use crate::volume::FileKind;
 
     fn rec(ino: u64, size: u64) -> Record {
-        let t = std::time::SystemTime::UNIX_EPOCH;
         let attr = Attr {
-            ino,
-            kind: FileKind::File,
-            perm: 0o644,
-            uid: 0,
-            gid: 0,
-            nlink: 1,
             size,
-            rdev: 0,
-            parent: 1,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            crtime: t,
-            blocks: 0,
+            ..Attr::for_tests(ino, FileKind::File)
         };
         (attr, Vec::new())
     }

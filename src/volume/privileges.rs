@@ -73,7 +73,6 @@ pub(crate) fn clear(attr: &mut Attr, change: Clearing<'_>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::SystemTime;
 
     struct Who {
         privileged: bool,
@@ -90,22 +89,11 @@ mod tests {
     }
 
     fn attr(kind: FileKind, perm: u16, gid: u32) -> Attr {
-        let t = SystemTime::UNIX_EPOCH;
         Attr {
-            ino: 2,
-            kind,
             perm,
             uid: 1000,
             gid,
-            nlink: 1,
-            size: 0,
-            rdev: 0,
-            parent: 1,
-            atime: t,
-            mtime: t,
-            ctime: t,
-            crtime: t,
-            blocks: 0,
+            ..Attr::for_tests(2, kind)
         }
     }
 

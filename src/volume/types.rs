@@ -70,6 +70,31 @@ pub struct Attr {
     pub blocks: u64,
 }
 
+#[cfg(test)]
+impl Attr {
+    /// A file `ino` of `kind`, 0644, root's, one link, empty, every time the epoch: for unit
+    /// tests to change what they look at.
+    pub(crate) fn for_tests(ino: u64, kind: FileKind) -> Self {
+        let t = SystemTime::UNIX_EPOCH;
+        Self {
+            ino,
+            kind,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            nlink: 1,
+            size: 0,
+            rdev: 0,
+            parent: 1,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            blocks: 0,
+        }
+    }
+}
+
 /// A directory entry.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DirEntry {
