@@ -1,4 +1,6 @@
-//! FUSE over io_uring: one queue per possible CPU, each served by a thread pinned to that CPU.
+//! FUSE over io_uring: one queue per possible CPU, each served by a thread pinned to that CPU,
+//! or, for a CPU the daemon may not run on (taskset, `CPUAffinity=`, a cpuset), to the nearest
+//! CPU it may: the daemon stays on the CPUs it was given, next to none of the tenants' own.
 //!
 //! Why: over /dev/fuse a request wakes whichever worker thread sleeps in `read`, usually on
 //! the other CPU, and that cross-CPU wake-up is most of a request's cost on this kind of host
@@ -165,8 +167,10 @@ impl Ring {
     pub fn start(&self, ops: Arc<Operations>) -> io::Result<usize> {
         let mut prepared = Vec::new();
         let callers = Arc::new(handoff::Callers::default());
+        let allowed = allowed_cpus();
         for (qid, cpu) in possible_cpus()?.into_iter().enumerate() {
-            prepared.push(Queue::new(qid as u16, cpu, callers.clone())?);
+            let serving = serving_cpu(cpu, &allowed);
+            prepared.push(Queue::new(qid as u16, serving, callers.clone())?);
         }
         let n = prepared.len();
         let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
@@ -252,6 +256,7 @@ impl Entry {
 /// One CPU's queue, served by one thread.
 struct Queue {
     qid: u16,
+    /// Where its thread runs: its own CPU, or the nearest one the daemon may use.
     cpu: usize,
     /// The session's device, once the mount has handed it over.
     device: Option<OwnedFd>,
@@ -487,8 +492,30 @@ fn with_address(sqe: squeue::Entry128, addr: u64, len: u32) -> squeue::Entry128 
     }
 }
 
+/// The CPUs this process may run on: its affinity when the queues start (a cpuset narrows it
+/// too). Empty if it cannot be read.
+fn allowed_cpus() -> Vec<usize> {
+    let Ok(set) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
+        return Vec::new();
+    };
+    (0..nix::sched::CpuSet::count())
+        .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+        .collect()
+}
+
+/// The CPU that serves `cpu`'s queue: `cpu` itself if the daemon may run there (or nothing
+/// is known of where it may), else the nearest allowed one (the lower of two as near).
+fn serving_cpu(cpu: usize, allowed: &[usize]) -> usize {
+    allowed
+        .iter()
+        .copied()
+        .min_by_key(|&a| (a.abs_diff(cpu), a))
+        .unwrap_or(cpu)
+}
+
 /// Keeps the calling thread on `cpu`, where the kernel queues the requests of that CPU's
-/// callers. A CPU that cannot be used (offline) leaves the thread unpinned.
+/// callers (or, see [`serving_cpu`], the nearest CPU the daemon may use). A CPU that cannot be
+/// used (offline) leaves the thread unpinned.
 fn pin_to_cpu(cpu: usize) {
     let mut set = nix::sched::CpuSet::new();
     let pinned = set
@@ -540,6 +567,16 @@ mod tests {
         assert!(!cpus.is_empty());
         assert_eq!(cpus[0], 0);
         assert!(cpus.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn a_queue_of_a_cpu_the_daemon_may_not_use_is_served_from_the_nearest_it_may() {
+        assert_eq!(serving_cpu(1, &[0, 1]), 1);
+        assert_eq!(serving_cpu(1, &[0]), 0);
+        assert_eq!(serving_cpu(5, &[2, 4, 6, 9]), 4, "as near as 6: the lower");
+        assert_eq!(serving_cpu(7, &[2, 9]), 9);
+        assert_eq!(serving_cpu(3, &[]), 3, "nothing known: its own");
+        assert!(!allowed_cpus().is_empty(), "this process runs somewhere");
     }
 
     #[test]

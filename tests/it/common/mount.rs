@@ -54,7 +54,19 @@ impl Host {
 
     /// `tenantfs --data-dir <data> --config <config or /dev/null>`, ready for arguments.
     pub fn cmd(&self) -> Command {
-        let mut c = Command::new(BIN);
+        self.cmd_under(&[])
+    }
+
+    /// As [`Self::cmd`], run by `wrapper` (a program and its arguments, e.g. `taskset -c 0`).
+    pub fn cmd_under(&self, wrapper: &[&str]) -> Command {
+        let mut c = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
         c.env_remove("CREDENTIALS_DIRECTORY")
             .env_remove("TENANTFS_DATA_DIR")
             .env_remove("TENANTFS_LOG")
@@ -165,13 +177,28 @@ pub fn start_daemon_logging_to(
     env: &[(&str, &str)],
     log: std::process::Stdio,
 ) -> (Daemon, std::os::unix::net::UnixDatagram) {
+    spawn_daemon(h.cmd(), notify, env, log)
+}
+
+/// Starts `tenantfs daemon` under `wrapper` (see [`Host::cmd_under`]) and waits for READY=1.
+pub fn start_daemon_under(h: &Host, notify: &Path, wrapper: &[&str]) -> Daemon {
+    let log = std::fs::File::create(h.root().join("daemon.log")).unwrap();
+    spawn_daemon(h.cmd_under(wrapper), notify, &[], log.into()).0
+}
+
+/// `tenantfs` command `c` run as `daemon`, up once it sent READY=1.
+fn spawn_daemon(
+    mut c: Command,
+    notify: &Path,
+    env: &[(&str, &str)],
+    log: std::process::Stdio,
+) -> (Daemon, std::os::unix::net::UnixDatagram) {
     let _ = std::fs::remove_file(notify);
     let listener = std::os::unix::net::UnixDatagram::bind(notify).unwrap();
     listener
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
-    let child = h
-        .cmd()
+    let child = c
         .arg("daemon")
         .env("NOTIFY_SOCKET", notify)
         .env("TENANTFS_LOG", "tenantfs=info")

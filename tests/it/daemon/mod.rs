@@ -7,7 +7,9 @@
 
 use crate::common;
 use crate::common::guards::{enable_fuse_uring, small_ext4, tenantfs_mounted};
-use crate::common::mount::{start_daemon, start_daemon_env, start_daemon_logging_to, Host};
+use crate::common::mount::{
+    start_daemon, start_daemon_env, start_daemon_logging_to, start_daemon_under, Host,
+};
 use crate::common::process::{alive, check, check_fails, cmd, request_as_nobody, wait_gone};
 use crate::common::trees::{set_xattr, write_synced, xattrs};
 

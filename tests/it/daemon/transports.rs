@@ -73,6 +73,79 @@ pub(super) fn threads_named(pid: u32, prefix: &str) -> usize {
     thread_dirs(pid, prefix).len()
 }
 
+/// A daemon confined to CPU 0 (taskset here; systemd's `CPUAffinity=` and a cpuset confine it
+/// the same way) keeps every thread there, the ring queue of the other CPU included, and
+/// still answers a caller that runs on the other CPU (whose requests the kernel puts on that
+/// CPU's queue).
+#[test]
+fn a_daemon_confined_to_one_cpu_keeps_its_ring_queues_there() {
+    enable_fuse_uring();
+    let ring_cpus = possible_cpus();
+    assert!(
+        ring_cpus >= 2,
+        "needs two CPUs: one for the daemon, one for its caller"
+    );
+    let h = Host::new("affinity");
+    h.create_tenant("t");
+    let mp = h.dir("m");
+    let d = start_daemon_under(&h, &h.root().join("notify"), &["taskset", "-c", "0"]);
+    let pid = d.0.id();
+    h.ok(&["mount", "-o", "transport=uring", "t", mp.to_str().unwrap()]);
+    let _g = h.guard("t", &mp, pid);
+    assert_eq!(
+        threads_named(pid, "fuse-ring-"),
+        ring_cpus,
+        "one queue per CPU"
+    );
+    // Requests from CPU 1 go to queue 1, which a thread on CPU 0 answers.
+    let f = mp.join("from-cpu-1");
+    let script = format!(
+        "import os\n\
+         p = {f:?}\n\
+         for i in range(200):\n\
+         \x20   with open(p, 'wb') as w: w.write(bytes([i % 251]) * 10000)\n\
+         \x20   with open(p, 'rb') as r: assert r.read() == bytes([i % 251]) * 10000\n\
+         print(os.sched_getaffinity(0))\n",
+        f = f.to_str().unwrap()
+    );
+    let out = check(&mut cmd("taskset", &["-c", "1", "python3", "-c", &script]));
+    assert_eq!(out.trim(), "{1}", "the caller ran on CPU 1");
+    let st = mount_stats(&h, "t");
+    assert!(
+        st["ring_requests"].as_u64().unwrap() >= 400,
+        "the caller's requests did not come over the ring: {st}"
+    );
+    let outside: Vec<String> = thread_dirs(pid, "")
+        .iter()
+        .filter_map(|t| {
+            let status = std::fs::read_to_string(t.join("status")).ok()?;
+            let cpus = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
+                .trim()
+                .to_owned();
+            let name = std::fs::read_to_string(t.join("comm")).ok()?;
+            (cpus != "0").then(|| format!("{} on {cpus}", name.trim()))
+        })
+        .collect();
+    assert!(
+        outside.is_empty(),
+        "daemon threads outside CPU 0: {outside:?}"
+    );
+}
+
+/// The CPUs the kernel makes ring queues for.
+fn possible_cpus() -> usize {
+    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
+    cpus.trim()
+        .split(',')
+        .map(|r| match r.split_once('-') {
+            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
+            None => 1,
+        })
+        .sum::<usize>()
+}
+
 /// FUSE over io_uring through the daemon: a mount with transport=uring answers its requests
 /// on per-CPU ring queues (`stats` counts them), one with transport=dev only over /dev/fuse;
 /// unmounting ends the queue threads; a transport the kernel lacks or a misspelt one is a
@@ -88,18 +161,9 @@ fn io_uring_and_dev_fuse_transports_serve_side_by_side() {
     let pid = d.0.id();
     h.ok(&["mount", "-o", "transport=uring", "r", mr.to_str().unwrap()]);
     h.ok(&["mount", "-o", "transport=dev", "d", md.to_str().unwrap()]);
-    let cpus = std::fs::read_to_string("/sys/devices/system/cpu/possible").unwrap();
-    let possible = cpus
-        .trim()
-        .split(',')
-        .map(|r| match r.split_once('-') {
-            Some((a, b)) => b.parse::<usize>().unwrap() - a.parse::<usize>().unwrap() + 1,
-            None => 1,
-        })
-        .sum::<usize>();
     assert_eq!(
         threads_named(pid, "fuse-ring-"),
-        possible,
+        possible_cpus(),
         "one queue per CPU"
     );
     for m in [&mr, &md] {
