@@ -20,6 +20,7 @@ pub mod data_dir;
 mod fs_util;
 pub mod fuse;
 pub mod host;
+pub mod io_limits;
 pub mod logging;
 pub mod metrics;
 pub mod nbd;

@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use fuser::{Filesystem, InitFlags, KernelConfig, Request};
 
+use super::mount::MountOptions;
 use super::ops::{CacheMode, Operations, MAX_WRITE};
-use super::ring::{Ring, Transport};
+use super::ring::Ring;
 use crate::metrics::MountMetrics;
 use crate::volume::Volume;
 
@@ -21,16 +22,12 @@ pub struct Handshake {
 }
 
 impl Handshake {
-    /// The filesystem of `volume`, counting operations into `metrics` (shared with whoever
-    /// reports them), to be served over `transport`.
-    pub fn new(
-        volume: Arc<Volume>,
-        cache: CacheMode,
-        metrics: Arc<MountMetrics>,
-        transport: Transport,
-    ) -> Self {
+    /// The filesystem of `volume` as `options` say (page cache, transport, limits), counting
+    /// operations into `metrics` (shared with whoever reports them).
+    pub fn new(volume: Arc<Volume>, options: &MountOptions, metrics: Arc<MountMetrics>) -> Self {
+        let (cache, transport) = (options.cache, options.transport);
         Self {
-            ops: Arc::new(Operations::new(volume, cache, metrics)),
+            ops: Arc::new(Operations::new(volume, cache, metrics).with_limits(options.limits)),
             ring: Arc::new(Ring::new(transport)),
         }
     }

@@ -8,6 +8,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use nix::sys::signal::{SigSet, Signal};
+use std::num::{NonZeroU32, NonZeroU64};
+
+use crate::io_limits::IoLimits;
+use crate::units::ByteSize;
 
 use super::ops::CacheMode;
 use super::ring::{self, Transport};
@@ -31,8 +35,10 @@ pub enum MountError {
     NotTenantfs { path: PathBuf, fstype: String },
     #[error("{0} is busy: a process still uses files under it (see `fuser -vm {0}`); stop it and try again")]
     Busy(PathBuf),
-    #[error("unknown mount option {0:?}: use cache=direct, cache=kernel, transport=auto, transport=uring, transport=dev, ro or rw")]
+    #[error("unknown mount option {0:?}: use cache=direct, cache=kernel, transport=auto, transport=uring, transport=dev, iops=N, bandwidth=SIZE, ro or rw")]
     BadOption(String),
+    #[error("mount option {0:?}: a limit is a positive number (iops=1000, bandwidth=100M: bytes a second); leave the option out for no limit")]
+    BadLimit(String),
     #[error("transport=uring asks for FUSE over io_uring, which this kernel has off: as root, `echo Y > {}` (Linux 6.14 or newer), or mount with transport=auto or transport=dev", ring::ENABLE_PARAMETER)]
     UringOff,
     #[error("cannot mount at {path}: {source}")]
@@ -48,6 +54,8 @@ pub struct MountOptions {
     pub read_only: bool,
     /// How requests reach the daemon (`transport=auto|uring|dev`).
     pub transport: Transport,
+    /// The tenant's I/O limits on this mount (`iops=N`, `bandwidth=SIZE` a second).
+    pub limits: IoLimits,
 }
 
 impl MountOptions {
@@ -64,6 +72,17 @@ impl MountOptions {
                     o.transport = Transport::parse(&t["transport=".len()..])
                         .ok_or_else(|| MountError::BadOption(t.to_owned()))?;
                 }
+                l if l.starts_with("iops=") => {
+                    let n = l["iops=".len()..].parse::<u32>().ok();
+                    o.limits.iops = Some(n.and_then(NonZeroU32::new).ok_or_else(|| bad_limit(l))?);
+                }
+                l if l.starts_with("bandwidth=") => {
+                    let n = l["bandwidth=".len()..].parse::<ByteSize>().ok();
+                    o.limits.bandwidth = Some(
+                        n.and_then(|b| NonZeroU64::new(b.0))
+                            .ok_or_else(|| bad_limit(l))?,
+                    );
+                }
                 "rw" => o.read_only = false,
                 "dev" | "nodev" | "suid" | "nosuid" | "exec" | "noexec" | "atime" | "noatime"
                 | "relatime" | "auto" | "noauto" | "nofail" | "defaults" | "_netdev" => {}
@@ -72,6 +91,10 @@ impl MountOptions {
         }
         Ok(o)
     }
+}
+
+fn bad_limit(option: &str) -> MountError {
+    MountError::BadLimit(option.to_owned())
 }
 
 /// One line of /proc/self/mountinfo.
@@ -308,6 +331,25 @@ mod tests {
         assert_eq!(o.cache, CacheMode::Kernel);
         assert!(o.read_only);
         assert!(MountOptions::parse("cache=bogus").is_err());
+    }
+
+    #[test]
+    fn limits_are_positive_numbers() {
+        let o = MountOptions::parse("iops=1000,bandwidth=100M").unwrap();
+        assert_eq!(o.limits.iops, NonZeroU32::new(1000));
+        assert_eq!(o.limits.bandwidth, NonZeroU64::new(100 << 20));
+        for bad in [
+            "iops=0",
+            "iops=-5",
+            "iops=lots",
+            "bandwidth=0",
+            "bandwidth=1Q",
+            "iops=",
+        ] {
+            let e = MountOptions::parse(bad).unwrap_err();
+            assert!(matches!(e, MountError::BadLimit(_)), "{bad}: {e}");
+            assert!(e.to_string().contains("positive number"), "{e}");
+        }
     }
 
     #[test]

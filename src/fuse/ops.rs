@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
 
 use super::listing_prefetch::{self, ListingPrefetch};
+use crate::io_limits::{IoLimits, Throttle};
 use crate::metrics::{MountMetrics, Op};
 use crate::volume::{
     Attr, Clearing, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, StatFs, Volume,
@@ -91,6 +92,8 @@ pub(crate) struct Operations {
     pub(crate) metrics: Arc<MountMetrics>,
     /// The mount's /dev/fuse, for notifications to the kernel (set once mounted).
     device: OnceLock<OwnedFd>,
+    /// The tenant's I/O limits on this mount: reads, writes and copies wait on them.
+    throttle: Option<Throttle>,
     /// Inodes whose file capability the kernel removed, each with the thread that asked,
     /// until that thread's next SETATTR of the inode: an empty one is that removal's (see
     /// `dispatch`). A few at most; the oldest go first past [`CAPABILITY_REMOVALS`].
@@ -161,6 +164,7 @@ impl Operations {
             next_fh: AtomicU64::new(1),
             metrics,
             device: OnceLock::new(),
+            throttle: None,
             capability_removals: Mutex::new(VecDeque::new()),
         }
     }
@@ -189,6 +193,22 @@ impl Operations {
         match noted.iter().position(|n| *n == (ino, pid)) {
             Some(i) => noted.remove(i).is_some(),
             None => false,
+        }
+    }
+
+    /// The same, answering data requests within `limits`.
+    pub(crate) fn with_limits(self, limits: IoLimits) -> Self {
+        Self {
+            throttle: Throttle::new(limits),
+            ..self
+        }
+    }
+
+    /// Waits until a data request of `bytes` is within the mount's limits (the time it waits
+    /// is not counted as the request's own).
+    fn throttle(&self, bytes: u64) {
+        if let Some(t) = &self.throttle {
+            t.wait(bytes);
         }
     }
 
@@ -428,6 +448,7 @@ impl Operations {
         size: u32,
         out: &mut Vec<u8>,
     ) -> Result<(), Errno> {
+        self.throttle(size.into());
         let t = Instant::now();
         if offset == 0 {
             self.warm_after(ino);
@@ -457,11 +478,12 @@ impl Operations {
         off_out: u64,
         len: u64,
     ) -> Result<u32, Errno> {
+        let len = len.min(COPY_MAX);
+        self.throttle(len);
         let t = Instant::now();
         if off_in == 0 {
             self.warm_after(ino_in);
         }
-        let len = len.min(COPY_MAX);
         let mut done = 0u64;
         let mut buf = Vec::new();
         let r = self.vol("copy_file_range", |v| {
@@ -495,6 +517,7 @@ impl Operations {
         data: &[u8],
         clearing: Option<Clearing<'_>>,
     ) -> Result<u32, Errno> {
+        self.throttle(data.len() as u64);
         let t = Instant::now();
         let r = self.vol("write", |v| v.write_file(ino, offset, data, clearing));
         if let Ok((_, true)) = r {

@@ -98,7 +98,7 @@ impl Session {
         let metrics = MountMetrics::new();
         let volume = Arc::new(volume);
         let served = Arc::downgrade(&volume);
-        let fs = Handshake::new(volume, options.cache, metrics.clone(), options.transport);
+        let fs = Handshake::new(volume, options, metrics.clone());
         let mount_err = |source| MountError::Mount {
             path: mountpoint.to_owned(),
             source,

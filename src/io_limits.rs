@@ -1,0 +1,149 @@
+//! A tenant's I/O limits: at most so many data requests (reads and writes) a second and so
+//! many bytes a second, each a token bucket (GCRA, the `governor` crate) that a request waits
+//! on before it is answered. A limited tenant waits on its own buckets only: its requests
+//! are answered by its own mount's threads, so no other tenant waits with it.
+//!
+//! Bursts are short (a fiftieth of a second's worth), so a limit holds over any run longer
+//! than a fraction of a second; a request larger than the byte bucket's burst takes its
+//! tokens in pieces. Bytes are counted in KiB (a request's size rounded up), so a limit of up
+//! to 4 TiB/s fits the bucket's 32-bit counts.
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::time::Duration;
+
+use governor::clock::{Clock, DefaultClock};
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+
+/// What a limited tenant may do a second; `None`: no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoLimits {
+    /// Data requests (reads and writes) a second.
+    pub iops: Option<NonZeroU32>,
+    /// Bytes read and written a second.
+    pub bandwidth: Option<NonZeroU64>,
+}
+
+impl IoLimits {
+    pub fn is_unlimited(&self) -> bool {
+        self.iops.is_none() && self.bandwidth.is_none()
+    }
+}
+
+/// The buckets of one tenant's limits.
+pub struct Throttle {
+    requests: Option<Bucket>,
+    kib: Option<Bucket>,
+    clock: DefaultClock,
+}
+
+/// One token bucket and the most tokens one check may take.
+struct Bucket {
+    limiter: DefaultDirectRateLimiter,
+    burst: NonZeroU32,
+}
+
+/// A bucket of `per_second` tokens a second, `burst` at most at once.
+fn bucket(per_second: NonZeroU32, burst: u32) -> Bucket {
+    let burst = NonZeroU32::new(burst.clamp(1, per_second.get())).unwrap_or(NonZeroU32::MIN);
+    Bucket {
+        limiter: RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst)),
+        burst,
+    }
+}
+
+impl Throttle {
+    /// The buckets of `limits`; `None` when nothing is limited.
+    pub fn new(limits: IoLimits) -> Option<Self> {
+        if limits.is_unlimited() {
+            return None;
+        }
+        let requests = limits.iops.map(|iops| bucket(iops, iops.get() / 50));
+        let kib = limits.bandwidth.map(|bytes| {
+            let per_second = u32::try_from(bytes.get().div_ceil(1024))
+                .unwrap_or(u32::MAX)
+                .max(1);
+            let per_second = NonZeroU32::new(per_second).unwrap_or(NonZeroU32::MIN);
+            bucket(per_second, per_second.get() / 50)
+        });
+        Some(Self {
+            requests,
+            kib,
+            clock: DefaultClock::default(),
+        })
+    }
+
+    /// Waits until a data request of `bytes` may be answered.
+    pub fn wait(&self, bytes: u64) {
+        if let Some(b) = &self.requests {
+            self.take(b, 1);
+        }
+        if let Some(b) = &self.kib {
+            self.take(b, bytes.div_ceil(1024).max(1));
+        }
+    }
+
+    /// Takes `tokens` from `b`, in pieces of at most its burst, sleeping until each is there.
+    fn take(&self, b: &Bucket, mut tokens: u64) {
+        while tokens > 0 {
+            let piece = tokens.min(u64::from(b.burst.get())) as u32;
+            let n = NonZeroU32::new(piece).unwrap_or(NonZeroU32::MIN);
+            loop {
+                match b.limiter.check_n(n) {
+                    Ok(Ok(())) => break,
+                    Ok(Err(not_until)) => {
+                        let wait = not_until.wait_time_from(self.clock.now());
+                        std::thread::sleep(wait.max(Duration::from_micros(50)));
+                    }
+                    // A piece is never above the burst.
+                    Err(_) => break,
+                }
+            }
+            tokens -= u64::from(piece);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_limited_is_no_throttle() {
+        assert!(Throttle::new(IoLimits::default()).is_none());
+    }
+
+    #[test]
+    fn requests_and_bytes_wait_their_turn() {
+        let t = Throttle::new(IoLimits {
+            iops: NonZeroU32::new(1000),
+            bandwidth: None,
+        })
+        .unwrap();
+        let start = std::time::Instant::now();
+        for _ in 0..220 {
+            t.wait(4096);
+        }
+        // 220 requests at 1,000 a second, a burst of 20: at least 0.2 s.
+        assert!(
+            start.elapsed() >= Duration::from_millis(195),
+            "{:?}",
+            start.elapsed()
+        );
+
+        let t = Throttle::new(IoLimits {
+            iops: None,
+            bandwidth: NonZeroU64::new(8 << 20),
+        })
+        .unwrap();
+        let start = std::time::Instant::now();
+        // 4 MiB at 8 MiB/s in 1 MiB requests, each larger than the 164 KiB burst.
+        for _ in 0..4 {
+            t.wait(1 << 20);
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(480),
+            "{:?}",
+            start.elapsed()
+        );
+    }
+}
