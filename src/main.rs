@@ -55,6 +55,11 @@ fn run(cli: Cli) -> Result<()> {
         }) => cli::tenant::create(&cli, name, *block_size, base.as_deref()),
         Command::Tenant(TenantCommand::List { json }) => cli::tenant::list(&cli, *json),
         Command::Tenant(TenantCommand::Delete { name }) => cli::tenant::delete(&cli, name),
+        Command::Tenant(TenantCommand::Set {
+            name,
+            iops,
+            bandwidth,
+        }) => cli::tenant::set_limits(&cli, name, *iops, *bandwidth),
         Command::Config(ConfigCommand::Check) => cli::tenant::config_check(&cli),
         Command::Mount {
             tenant,

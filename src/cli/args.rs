@@ -187,6 +187,57 @@ pub enum TenantCommand {
     },
     /// Delete a tenant and all its data.
     Delete { name: String },
+    /// Change a mounted tenant's I/O limits at once, on every mount of it: requests a second
+    /// (`--iops`) and bytes a second (`--bandwidth 100M`); `unlimited` removes a limit.
+    Set {
+        name: String,
+        #[arg(long, value_parser = parse_iops, allow_hyphen_values = true)]
+        iops: Option<Limit>,
+        #[arg(long, value_parser = parse_bandwidth, allow_hyphen_values = true)]
+        bandwidth: Option<Limit>,
+    },
+}
+
+/// A limit given on the command line: a positive number, or none at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Limit {
+    Unlimited,
+    At(u64),
+}
+
+impl Limit {
+    /// Its value in a `set_limits` request (0: none).
+    pub fn wire(self) -> u64 {
+        match self {
+            Limit::Unlimited => 0,
+            Limit::At(n) => n,
+        }
+    }
+}
+
+fn parse_iops(s: &str) -> Result<Limit, String> {
+    match s {
+        "unlimited" => Ok(Limit::Unlimited),
+        _ => match s.parse::<u32>() {
+            Ok(n) if n > 0 => Ok(Limit::At(n.into())),
+            _ => Err(format!(
+                "{s:?} is not an IOPS limit: give a positive number of requests a second                  (at most {}), or unlimited",
+                u32::MAX
+            )),
+        },
+    }
+}
+
+fn parse_bandwidth(s: &str) -> Result<Limit, String> {
+    match s {
+        "unlimited" => Ok(Limit::Unlimited),
+        _ => match s.parse::<ByteSize>() {
+            Ok(b) if b.0 > 0 => Ok(Limit::At(b.0)),
+            _ => Err(format!(
+                "{s:?} is not a bandwidth limit: give a positive size a second (100M, 1G), or                  unlimited"
+            )),
+        },
+    }
 }
 
 #[derive(Subcommand)]

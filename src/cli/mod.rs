@@ -10,7 +10,7 @@ pub mod tenant;
 pub mod volume;
 
 pub use args::{
-    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, TenantCommand, VolumeCommand,
+    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, Limit, TenantCommand, VolumeCommand,
 };
 
 use std::path::PathBuf;

@@ -4,12 +4,12 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use tenantfs::config::Config;
-use tenantfs::control::ControlError;
+use tenantfs::control::{ControlError, RefusalCode};
 use tenantfs::data_dir::DataDir;
 use tenantfs::tenants;
 use tenantfs::units::ByteSize;
 
-use super::{command_stores, daemon_error, print_json, Cli};
+use super::{command_stores, daemon_error, print_json, Cli, Limit};
 
 pub fn init(cli: &Cli) -> Result<()> {
     let root = &cli.data_dir;
@@ -139,6 +139,55 @@ pub fn delete(cli: &Cli, name: &str) -> Result<()> {
     let data = cli.open_data_dir()?;
     tenants::delete(&data, name)?;
     println!("deleted tenant {name}");
+    Ok(())
+}
+
+/// `tenant set NAME --iops N --bandwidth SIZE`: the new limits go to every process that
+/// serves a mount of the tenant, and take effect at once.
+pub fn set_limits(
+    cli: &Cli,
+    name: &str,
+    iops: Option<Limit>,
+    bandwidth: Option<Limit>,
+) -> Result<()> {
+    if iops.is_none() && bandwidth.is_none() {
+        anyhow::bail!(
+            "say what to change: --iops N (requests a second) or --bandwidth SIZE (bytes a              second, e.g. 100M), or unlimited for either"
+        );
+    }
+    if !cli.data_dir.join("tenants").join(name).is_dir() {
+        anyhow::bail!(
+            "no tenant {name} in {} (see `tenantfs tenant list`)",
+            cli.data_dir.display()
+        );
+    }
+    let mut mounts = Vec::new();
+    for process in cli.serving_processes().map_err(daemon_error)? {
+        match process.set_limits(name, iops.map(Limit::wire), bandwidth.map(Limit::wire)) {
+            Ok(reply) => mounts.extend(reply.mounts),
+            Err(e)
+                if e.refusal()
+                    .is_some_and(|r| r.code == RefusalCode::NotServed) => {}
+            Err(e) => return Err(daemon_error(e)),
+        }
+    }
+    if mounts.is_empty() {
+        anyhow::bail!(
+            "tenant {name} is not mounted: limits apply to a mounted tenant (mount it with              -o iops=N,bandwidth=SIZE, or mount it and run this again)"
+        );
+    }
+    for m in mounts {
+        let iops = m
+            .iops_limit
+            .map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
+        let bandwidth = m
+            .bandwidth_limit
+            .map_or_else(|| "unlimited".to_owned(), |b| format!("{}/s", ByteSize(b)));
+        println!(
+            "tenant {name} on {}: {iops} IOPS, {bandwidth}",
+            m.mountpoint.display()
+        );
+    }
     Ok(())
 }
 

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use super::protocol::{AttachVia, Refusal, Reply, Request, Response};
 use super::replies::{
-    CacheReleaseReply, CacheReport, MountReply, StatsReply, TenantListReply, UmountReply,
-    VolumeAttachReply, VolumeDetachReply,
+    CacheReleaseReply, CacheReport, LimitsReply, MountReply, StatsReply, TenantListReply,
+    UmountReply, VolumeAttachReply, VolumeDetachReply,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +135,25 @@ impl Client {
             mountpoint: mountpoint.to_string_lossy().into_owned(),
         };
         call!(self, req, Umount)
+    }
+
+    /// Changes `tenant`'s I/O limits on its mounts here (for each: None keeps it, 0 removes
+    /// it).
+    pub fn set_limits(
+        &self,
+        tenant: &str,
+        iops: Option<u64>,
+        bandwidth: Option<u64>,
+    ) -> Result<LimitsReply, ControlError> {
+        call!(
+            self,
+            Request::SetLimits {
+                tenant: tenant.to_owned(),
+                iops,
+                bandwidth,
+            },
+            Limits
+        )
     }
 
     pub fn stats(&self) -> Result<StatsReply, ControlError> {

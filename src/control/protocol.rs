@@ -8,8 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::replies::{
-    CacheReleaseReply, CacheReport, MountReply, StatsReply, TenantListReply, UmountReply,
-    VolumeAttachReply, VolumeDetachReply,
+    CacheReleaseReply, CacheReport, LimitsReply, MountReply, StatsReply, TenantListReply,
+    UmountReply, VolumeAttachReply, VolumeDetachReply,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +48,16 @@ pub enum Request {
     },
     /// Stop serving block volume `volume` (its store is synced and closed).
     VolumeDetach { volume: String },
+    /// Change the I/O limits of every mount of `tenant` this process serves, at once: for
+    /// each limit, absent keeps it, 0 removes it, another number is the new limit (data
+    /// requests a second; bytes a second).
+    SetLimits {
+        tenant: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        iops: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bandwidth: Option<u64>,
+    },
 }
 
 /// How a block volume is to be served.
@@ -110,6 +120,7 @@ pub enum Reply {
     TenantList(TenantListReply),
     VolumeAttach(VolumeAttachReply),
     VolumeDetach(VolumeDetachReply),
+    Limits(LimitsReply),
 }
 
 /// Why a request was not carried out. Callers decide on `code`; `message` is for people.

@@ -95,6 +95,23 @@ pub struct VolumeReport {
     pub store: Option<StoreState>,
 }
 
+/// `set_limits`: the limits now in force on each mount of the tenant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitsReply {
+    pub tenant: String,
+    pub mounts: Vec<MountLimits>,
+}
+
+/// A mount's I/O limits (absent: none).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountLimits {
+    pub mountpoint: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_limit: Option<u64>,
+}
+
 /// One served mount in [`StatsReply`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MountReport {
@@ -107,6 +124,11 @@ pub struct MountReport {
     pub store: Option<StoreState>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct_io: Option<bool>,
+    /// Its I/O limits (requests and bytes a second; absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iops_limit: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_limit: Option<u64>,
 }
 
 /// A configured mount the daemon has not mounted yet, and when it tries again.
@@ -239,6 +261,8 @@ mod tests {
                         needs_free_bytes: 2,
                     }),
                     direct_io: Some(true),
+                    iops_limit: Some(1000),
+                    bandwidth_limit: None,
                 },
                 MountReport {
                     tenant: "b".into(),
@@ -246,6 +270,8 @@ mod tests {
                     activity: activity.clone(),
                     store: None,
                     direct_io: None,
+                    iops_limit: None,
+                    bandwidth_limit: None,
                 },
             ],
             volumes: vec![VolumeReport {

@@ -7,7 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
@@ -92,8 +92,10 @@ pub(crate) struct Operations {
     pub(crate) metrics: Arc<MountMetrics>,
     /// The mount's /dev/fuse, for notifications to the kernel (set once mounted).
     device: OnceLock<OwnedFd>,
-    /// The tenant's I/O limits on this mount: reads, writes and copies wait on them.
-    throttle: Option<Throttle>,
+    /// The tenant's I/O limits on this mount and their buckets: reads, writes and copies
+    /// wait on them. Changed while mounted (`set_limits`); a request takes the buckets that
+    /// are current when it comes.
+    limits: RwLock<(IoLimits, Option<Arc<Throttle>>)>,
     /// Inodes whose file capability the kernel removed, each with the thread that asked,
     /// until that thread's next SETATTR of the inode: an empty one is that removal's (see
     /// `dispatch`). A few at most; the oldest go first past [`CAPABILITY_REMOVALS`].
@@ -164,7 +166,7 @@ impl Operations {
             next_fh: AtomicU64::new(1),
             metrics,
             device: OnceLock::new(),
-            throttle: None,
+            limits: RwLock::new((IoLimits::default(), None)),
             capability_removals: Mutex::new(VecDeque::new()),
         }
     }
@@ -198,16 +200,31 @@ impl Operations {
 
     /// The same, answering data requests within `limits`.
     pub(crate) fn with_limits(self, limits: IoLimits) -> Self {
-        Self {
-            throttle: Throttle::new(limits),
-            ..self
-        }
+        self.set_limits(limits);
+        self
+    }
+
+    /// From now on, data requests are answered within `limits` (new, empty buckets).
+    pub(crate) fn set_limits(&self, limits: IoLimits) {
+        let throttle = Throttle::new(limits).map(Arc::new);
+        *self.limits.write().unwrap_or_else(|p| p.into_inner()) = (limits, throttle);
+    }
+
+    /// The limits in force.
+    pub(crate) fn limits(&self) -> IoLimits {
+        self.limits.read().unwrap_or_else(|p| p.into_inner()).0
     }
 
     /// Waits until a data request of `bytes` is within the mount's limits (the time it waits
     /// is not counted as the request's own).
     fn throttle(&self, bytes: u64) {
-        if let Some(t) = &self.throttle {
+        let throttle = self
+            .limits
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone();
+        if let Some(t) = throttle {
             t.wait(bytes);
         }
     }

@@ -20,7 +20,9 @@ use fuser::{Config, MountOption, SessionACL};
 use super::device;
 use super::handshake::Handshake;
 use super::mount::{prepare_mountpoint, unmount, MountError, MountOptions, SOURCE_PREFIX};
+use super::ops::Operations;
 use super::ring::{self, Transport};
+use crate::io_limits::IoLimits;
 use crate::metrics::MountMetrics;
 use crate::store::StoreState;
 use crate::volume::Volume;
@@ -79,6 +81,8 @@ pub struct Session {
     /// The served volume while the session runs (the serving thread owns it, so the store
     /// closes as soon as the session ends).
     volume: Weak<Volume>,
+    /// The operations while the session runs: its I/O limits change through them.
+    ops: Weak<Operations>,
     control: Mutex<Control>,
     ended: Arc<Ended>,
 }
@@ -104,6 +108,7 @@ impl Session {
             source,
         };
         let (ring, ops) = (fs.ring(), fs.ops());
+        let served_ops = Arc::downgrade(&ops);
         let mut session = fuser::Session::new(fs, mountpoint, &session_config(&tenant, options))
             .map_err(mount_err)?;
         use std::os::fd::AsFd;
@@ -139,6 +144,7 @@ impl Session {
             path: mountpoint.to_owned(),
             metrics,
             volume: served,
+            ops: served_ops,
             control: Mutex::new(Control {
                 unmounter: Some(unmounter),
                 thread: Some(thread),
@@ -158,6 +164,21 @@ impl Session {
     /// The mount's operation counters.
     pub fn metrics(&self) -> &MountMetrics {
         &self.metrics
+    }
+
+    /// The tenant's I/O limits on this mount (none once the session has ended).
+    pub fn limits(&self) -> IoLimits {
+        self.ops.upgrade().map(|o| o.limits()).unwrap_or_default()
+    }
+
+    /// Answers data requests within `limits` from now on; false once the session has ended.
+    pub fn set_limits(&self, limits: IoLimits) -> bool {
+        let Some(ops) = self.ops.upgrade() else {
+            return false;
+        };
+        ops.set_limits(limits);
+        tracing::info!(tenant = %self.tenant, ?limits, "I/O limits set");
+        true
     }
 
     /// The served volume, while the session runs.

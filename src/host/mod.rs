@@ -6,6 +6,7 @@
 //! plain data.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::num::{NonZeroU32, NonZeroU64};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -17,8 +18,9 @@ use crate::blockdev::BlockDevice;
 use crate::cache::{process_rss_bytes, HostCache};
 use crate::config::{Config, PressureConfig, StoreConfig};
 use crate::control::replies::{
-    CacheReleaseReply, CacheReport, MountReply, MountReport, ServedTenant, StatsReply,
-    TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply, VolumeReport,
+    CacheReleaseReply, CacheReport, LimitsReply, MountLimits, MountReply, MountReport,
+    ServedTenant, StatsReply, TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
+    VolumeReport,
 };
 pub use crate::control::AttachVia;
 use crate::control::{Refusal, RefusalCode, Reply, Request};
@@ -526,6 +528,8 @@ impl ServingHost {
                     activity: s.metrics().summary(),
                     direct_io: store.as_ref().map(|(_, d)| *d),
                     store: store.map(|(s, _)| s),
+                    iops_limit: s.limits().iops.map(NonZeroU32::get),
+                    bandwidth_limit: s.limits().bandwidth.map(NonZeroU64::get),
                 }
             })
             .collect()
@@ -592,6 +596,67 @@ impl ServingHost {
                 Reply::VolumeAttach(self.attach_volume(&volume, &via)?)
             }
             Request::VolumeDetach { volume } => Reply::VolumeDetach(self.detach_volume(&volume)?),
+            Request::SetLimits {
+                tenant,
+                iops,
+                bandwidth,
+            } => Reply::Limits(self.set_limits(&tenant, iops, bandwidth)?),
+        })
+    }
+
+    /// Changes the I/O limits of every mount of `tenant` here (see `Request::SetLimits`).
+    pub fn set_limits(
+        &self,
+        tenant: &str,
+        iops: Option<u64>,
+        bandwidth: Option<u64>,
+    ) -> Result<LimitsReply, Refusal> {
+        let too_big = |what: &str| {
+            Refusal::new(
+                RefusalCode::BadRequest,
+                format!(
+                    "an {what} limit of more than {} is no limit: use 0 for none",
+                    u32::MAX
+                ),
+            )
+        };
+        let iops = match iops {
+            Some(n) => Some(NonZeroU32::new(
+                u32::try_from(n).map_err(|_| too_big("IOPS"))?,
+            )),
+            None => None,
+        };
+        let sessions: Vec<_> = self
+            .all_sessions()
+            .into_iter()
+            .filter(|s| s.tenant() == tenant)
+            .collect();
+        if sessions.is_empty() {
+            return Err(Refusal::new(
+                RefusalCode::NotServed,
+                format!("tenant {tenant} is not mounted by this process; its limits apply while it is mounted (-o iops=N,bandwidth=SIZE)"),
+            ));
+        }
+        let mut mounts = Vec::new();
+        for s in sessions {
+            let mut limits = s.limits();
+            if let Some(iops) = iops {
+                limits.iops = iops;
+            }
+            if let Some(bytes) = bandwidth {
+                limits.bandwidth = NonZeroU64::new(bytes);
+            }
+            if s.set_limits(limits) {
+                mounts.push(MountLimits {
+                    mountpoint: s.path().to_owned(),
+                    iops_limit: limits.iops.map(NonZeroU32::get),
+                    bandwidth_limit: limits.bandwidth.map(NonZeroU64::get),
+                });
+            }
+        }
+        Ok(LimitsReply {
+            tenant: tenant.to_owned(),
+            mounts,
         })
     }
 

@@ -77,3 +77,84 @@ fn a_limit_that_is_not_a_positive_number_is_refused() {
         assert!(!tenantfs_mounted(&mp), "{bad} mounted anyway");
     }
 }
+
+/// `tenant set` changes a mounted tenant's limits at once, on the mount that serves it:
+/// IOPS up, then a byte limit instead, then none; `stats` shows what is in force; bad values,
+/// an unknown tenant, an unmounted one and nothing to change are clear errors.
+#[test]
+fn limits_change_live_on_a_mounted_tenant() {
+    let h = Host::new("livelimits");
+    h.create_tenant("t");
+    h.create_tenant("idle");
+    let d = start_daemon(&h, &h.root().join("notify"));
+    let mp = h.dir("m");
+    h.ok(&["mount", "-o", "iops=1000", "t", mp.to_str().unwrap()]);
+    let _g = h.guard("t", &mp, d.0.id());
+    std::fs::write(mp.join("f"), vec![7u8; 64 << 20]).unwrap();
+    let in_force = || {
+        let m = mount_stats(&h, "t");
+        (m["iops_limit"].as_u64(), m["bandwidth_limit"].as_u64())
+    };
+    assert_eq!(in_force(), (Some(1000), None));
+    let at_1000 = fio_iops(&mp, "randwrite", 3);
+
+    let out = h.ok(&["tenant", "set", "t", "--iops", "2000"]);
+    assert!(out.contains("2000 IOPS, unlimited"), "{out}");
+    assert_eq!(in_force(), (Some(2000), None));
+    let at_2000 = fio_iops(&mp, "randwrite", 3);
+
+    // 4 MiB a second of 4 KiB writes: 1,024 a second.
+    let out = h.ok(&[
+        "tenant",
+        "set",
+        "t",
+        "--iops",
+        "unlimited",
+        "--bandwidth",
+        "4M",
+    ]);
+    assert!(out.contains("unlimited IOPS, 4M/s"), "{out}");
+    assert_eq!(in_force(), (None, Some(4 << 20)));
+    let at_4m = fio_iops(&mp, "randwrite", 3);
+
+    h.ok(&["tenant", "set", "t", "--bandwidth", "unlimited"]);
+    assert_eq!(in_force(), (None, None));
+    let free = fio_iops(&mp, "randwrite", 3);
+    eprintln!("iops=1000: {at_1000:.0}; 2000: {at_2000:.0}; 4M/s: {at_4m:.0}; none: {free:.0}");
+    assert!(
+        (950.0..=1050.0).contains(&at_1000),
+        "iops=1000 did {at_1000:.0}"
+    );
+    assert!(
+        (1900.0..=2100.0).contains(&at_2000),
+        "iops=2000 did {at_2000:.0}"
+    );
+    assert!(
+        (972.0..=1075.0).contains(&at_4m),
+        "4 MiB/s of 4 KiB did {at_4m:.0}"
+    );
+    assert!(free > 2.5 * at_2000, "without limits {free:.0}");
+
+    for (args, says) in [
+        (&["tenant", "set", "t"][..], "say what to change"),
+        (&["tenant", "set", "t", "--iops", "0"], "not an IOPS limit"),
+        (&["tenant", "set", "t", "--iops", "-3"], "not an IOPS limit"),
+        (
+            &["tenant", "set", "t", "--bandwidth", "0"],
+            "not a bandwidth limit",
+        ),
+        (
+            &["tenant", "set", "nobody", "--iops", "5"],
+            "no tenant nobody",
+        ),
+        (&["tenant", "set", "idle", "--iops", "5"], "is not mounted"),
+    ] {
+        let err = h.fails(args);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(
+        in_force(),
+        (None, None),
+        "a refused change changed something"
+    );
+}
