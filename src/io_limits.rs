@@ -72,18 +72,22 @@ impl Throttle {
         })
     }
 
-    /// Waits until a data request of `bytes` may be answered.
-    pub fn wait(&self, bytes: u64) {
+    /// Waits until a data request of `bytes` may be answered; how long it slept.
+    pub fn wait(&self, bytes: u64) -> Duration {
+        let mut slept = Duration::ZERO;
         if let Some(b) = &self.requests {
-            self.take(b, 1);
+            slept += self.take(b, 1);
         }
         if let Some(b) = &self.kib {
-            self.take(b, bytes.div_ceil(1024).max(1));
+            slept += self.take(b, bytes.div_ceil(1024).max(1));
         }
+        slept
     }
 
-    /// Takes `tokens` from `b`, in pieces of at most its burst, sleeping until each is there.
-    fn take(&self, b: &Bucket, mut tokens: u64) {
+    /// Takes `tokens` from `b`, in pieces of at most its burst, sleeping until each is there;
+    /// how long it slept.
+    fn take(&self, b: &Bucket, mut tokens: u64) -> Duration {
+        let mut slept = Duration::ZERO;
         while tokens > 0 {
             let piece = tokens.min(u64::from(b.burst.get())) as u32;
             let n = NonZeroU32::new(piece).unwrap_or(NonZeroU32::MIN);
@@ -91,8 +95,11 @@ impl Throttle {
                 match b.limiter.check_n(n) {
                     Ok(Ok(())) => break,
                     Ok(Err(not_until)) => {
-                        let wait = not_until.wait_time_from(self.clock.now());
-                        std::thread::sleep(wait.max(Duration::from_micros(50)));
+                        let wait = not_until
+                            .wait_time_from(self.clock.now())
+                            .max(Duration::from_micros(50));
+                        std::thread::sleep(wait);
+                        slept += wait;
                     }
                     // A piece is never above the burst.
                     Err(_) => break,
@@ -100,6 +107,7 @@ impl Throttle {
             }
             tokens -= u64::from(piece);
         }
+        slept
     }
 }
 

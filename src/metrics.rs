@@ -107,6 +107,9 @@ pub struct MountActivity {
     pub requests: u64,
     #[serde(default)]
     pub busy_us: u64,
+    /// The time those requests waited on the tenant's I/O limits (not in `busy_us`).
+    #[serde(default)]
+    pub throttled_us: u64,
     /// Threads reading /dev/fuse for the mount now (they start on demand from one), and the
     /// most there were at once.
     #[serde(default)]
@@ -126,7 +129,9 @@ pub struct MountMetrics {
     ring_handoffs: AtomicU64,
     ring_handoff_stalls: AtomicU64,
     requests: AtomicU64,
+    /// Time answering requests, waits on the I/O limits included (reported without them).
     busy_ns: AtomicU64,
+    throttled_ns: AtomicU64,
     fuse_workers: AtomicU64,
     fuse_workers_peak: AtomicU64,
 }
@@ -180,6 +185,18 @@ impl MountMetrics {
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// A request waited `waited` on the tenant's I/O limits (time that is not work).
+    pub fn record_throttled(&self, waited: std::time::Duration) {
+        self.throttled_ns
+            .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Time spent answering requests, less their waits on the I/O limits.
+    fn busy_ns(&self) -> u64 {
+        let busy = self.busy_ns.load(Ordering::Relaxed);
+        busy.saturating_sub(self.throttled_ns.load(Ordering::Relaxed))
+    }
+
     /// The mount's /dev/fuse workers are `n` now.
     pub fn set_fuse_workers(&self, n: usize) {
         self.fuse_workers.store(n as u64, Ordering::Relaxed);
@@ -231,7 +248,8 @@ impl MountMetrics {
             ring_handoffs: self.ring_handoffs.load(Ordering::Relaxed),
             ring_handoff_stalls: self.ring_handoff_stalls.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
-            busy_us: self.busy_ns.load(Ordering::Relaxed) / 1000,
+            busy_us: self.busy_ns() / 1000,
+            throttled_us: self.throttled_ns.load(Ordering::Relaxed) / 1000,
             fuse_workers: self.fuse_workers.load(Ordering::Relaxed),
             fuse_workers_peak: self.fuse_workers_peak.load(Ordering::Relaxed),
         }
@@ -388,13 +406,25 @@ pub fn encode_mounts(
     )?;
     let mut family = encoder.encode_descriptor(
         "tenantfs_fuse_busy_seconds",
-        "Time spent answering FUSE requests, from their arrival in the daemon to their replies.",
+        "Time spent answering FUSE requests, from their arrival in the daemon to their \
+         replies, less their waits on the tenant's I/O limits.",
         None,
         MetricType::Counter,
     )?;
     for (tenant, m) in mounts {
         let labels = [("tenant", Escaped(tenant))];
-        ConstCounter::new(load(&m.busy_ns) as f64 / 1e9).encode(family.encode_family(&labels)?)?;
+        ConstCounter::new(m.busy_ns() as f64 / 1e9).encode(family.encode_family(&labels)?)?;
+    }
+    let mut family = encoder.encode_descriptor(
+        "tenantfs_fuse_throttled_seconds",
+        "Time FUSE requests waited on the tenant's I/O limits.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (tenant, m) in mounts {
+        let labels = [("tenant", Escaped(tenant))];
+        ConstCounter::new(load(&m.throttled_ns) as f64 / 1e9)
+            .encode(family.encode_family(&labels)?)?;
     }
     encode_mount_value(
         encoder,
@@ -644,6 +674,8 @@ mod tests {
             "tenantfs_fuse_requests_total{tenant=\"alice\"} 2",
             "# TYPE tenantfs_fuse_busy_seconds counter",
             "tenantfs_fuse_busy_seconds_total{tenant=\"alice\"} 0.00",
+            "# TYPE tenantfs_fuse_throttled_seconds counter",
+            "tenantfs_fuse_throttled_seconds_total{tenant=\"alice\"} 0.0",
             "# TYPE tenantfs_mounts gauge",
             "tenantfs_mounts 2",
             "# HELP tenantfs_cache_hits Host cache hits.",

@@ -225,7 +225,7 @@ impl Operations {
             .1
             .clone();
         if let Some(t) = throttle {
-            t.wait(bytes);
+            self.metrics.record_throttled(t.wait(bytes));
         }
     }
 

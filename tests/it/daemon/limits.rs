@@ -96,7 +96,13 @@ fn limits_change_live_on_a_mounted_tenant() {
         (m["iops_limit"].as_u64(), m["bandwidth_limit"].as_u64())
     };
     assert_eq!(in_force(), (Some(1000), None));
+    let before = mount_stats(&h, "t");
     let at_1000 = fio_iops(&mp, "randwrite", 3);
+    // 3 s of requests that mostly wait on the limit: the waits are throttled time, not busy.
+    let after = mount_stats(&h, "t");
+    let delta = |k: &str| after[k].as_u64().unwrap() - before[k].as_u64().unwrap();
+    assert!(delta("throttled_us") > 2_000_000, "{after}");
+    assert!(delta("busy_us") < 1_000_000, "{after}");
 
     let out = h.ok(&["tenant", "set", "t", "--iops", "2000"]);
     assert!(out.contains("2000 IOPS, unlimited"), "{out}");
