@@ -7,9 +7,12 @@
 //! FATTR_KILL_SUIDGID on a truncate), that is taken as it is. A thread that is gone, or a
 //! request the kernel sent on its own (pid 0), counts as unprivileged and in no other group:
 //! the rules then clear the bits, the safe side; so does a process in another user namespace
-//! (a container's root), whose capabilities are not the initial namespace's.
+//! (a container's root), whose capabilities are not the initial namespace's. Also which
+//! thread the kernel last removed a file capability for ([`CapabilityRemovals`]).
 
 use std::cell::OnceCell;
+use std::collections::VecDeque;
+use std::sync::Mutex;
 
 use crate::volume::Caller;
 
@@ -89,6 +92,40 @@ impl Caller for RequestCaller {
     }
 }
 
+/// Capability removals remembered at once: each is taken by the SETATTR its thread sends
+/// right after it.
+const CAPABILITY_REMOVALS: usize = 64;
+
+/// The kernel's removals of a file capability (REMOVEXATTR of `security.capability`), each
+/// with the thread that asked, until that thread's next SETATTR of the inode: an empty one
+/// is that removal's, a privileged writer's that clears nothing else (see `dispatch`). A few
+/// at most; the oldest go first.
+#[derive(Default)]
+pub(crate) struct CapabilityRemovals(Mutex<VecDeque<(u64, u32)>>);
+
+impl CapabilityRemovals {
+    /// The kernel removed `ino`'s file capability for thread `pid`.
+    pub(crate) fn note(&self, ino: u64, pid: u32) {
+        let mut noted = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if !noted.contains(&(ino, pid)) {
+            if noted.len() == CAPABILITY_REMOVALS {
+                noted.pop_front();
+            }
+            noted.push_back((ino, pid));
+        }
+    }
+
+    /// Whether the kernel removed `ino`'s file capability for `pid` since that thread's last
+    /// SETATTR of it; forgotten then (call it once for each SETATTR).
+    pub(crate) fn take(&self, ino: u64, pid: u32) -> bool {
+        let mut noted = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match noted.iter().position(|n| *n == (ino, pid)) {
+            Some(i) => noted.remove(i).is_some(),
+            None => false,
+        }
+    }
+}
+
 fn parse_status(text: &str) -> Option<Status> {
     let field = |name: &str| {
         text.lines()
@@ -128,6 +165,21 @@ mod tests {
             Some(vec![])
         );
         assert_eq!(parse_status("Groups:\tx\nCapEff:\t0\n"), None);
+    }
+
+    #[test]
+    fn a_capability_removal_is_taken_once_by_its_own_thread() {
+        let r = CapabilityRemovals::default();
+        r.note(7, 100);
+        assert!(!r.take(7, 101), "another thread's SETATTR");
+        assert!(!r.take(8, 100), "another inode");
+        assert!(r.take(7, 100));
+        assert!(!r.take(7, 100), "taken already");
+        for ino in 0..=CAPABILITY_REMOVALS as u64 {
+            r.note(ino, 1);
+        }
+        assert!(!r.take(0, 1), "the oldest went first");
+        assert!(r.take(CAPABILITY_REMOVALS as u64, 1));
     }
 
     #[test]

@@ -110,7 +110,7 @@ pub fn answer(
                 true => RequestCaller::unprivileged(h.pid, h.gid),
                 false => RequestCaller::new(h.pid, h.gid),
             };
-            let after_capability_removal = ops.took_capability_removal(ino, h.pid);
+            let after_capability_removal = ops.capability_removals.take(ino, h.pid);
             let clearing = if sets_nothing && after_capability_removal {
                 Some(Clearing::Modify(&caller))
             } else if chown && has(fattr::KILL_SUIDGID) || sets_nothing {
@@ -234,7 +234,7 @@ pub fn answer(
             let name = one_name()?;
             ops.removexattr(ino, name)?;
             if name == CAPABILITY_XATTR {
-                ops.note_capability_removal(ino, h.pid);
+                ops.capability_removals.note(ino, h.pid);
             }
             Ok(0)
         }

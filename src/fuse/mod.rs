@@ -10,6 +10,7 @@ mod dispatch;
 mod handshake;
 mod listing_prefetch;
 mod mount;
+mod notify;
 mod ops;
 mod ring;
 mod session;

@@ -4,15 +4,17 @@
 //! Attribute conversion, errno mapping, lookup counts and directory handles live here; no
 //! filesystem logic does.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
 
+use super::caller::CapabilityRemovals;
 use super::listing_prefetch::{self, ListingPrefetch};
+use super::notify::KernelNotifier;
 use crate::io_limits::{IoLimits, Throttle};
 use crate::metrics::{MountMetrics, Op};
 use crate::volume::{
@@ -31,10 +33,6 @@ pub(crate) const TTL: Duration = Duration::from_secs(1);
 /// overwrite job: p50 708 -> 264 us per 1 MiB write with whole requests). The kernel caps the
 /// pages at `fs.fuse.max_pages_limit` (256 unless root raises it; see README.md).
 pub(crate) const MAX_WRITE: u32 = 2 << 20;
-
-/// Capability removals remembered at once (see `Operations::note_capability_removal`): each
-/// is taken by the SETATTR its thread sends right after it.
-const CAPABILITY_REMOVALS: usize = 64;
 
 /// Most bytes one COPY_FILE_RANGE copies (a bound on how long it holds its queue), and how
 /// many at a time (a bulk write: see `Volume::write`).
@@ -90,16 +88,14 @@ pub(crate) struct Operations {
     listed: ListingPrefetch,
     next_fh: AtomicU64,
     pub(crate) metrics: Arc<MountMetrics>,
-    /// The mount's /dev/fuse, for notifications to the kernel (set once mounted).
-    device: OnceLock<OwnedFd>,
+    /// Notifications to the kernel (through /dev/fuse, once mounted).
+    notifier: KernelNotifier,
     /// The tenant's I/O limits on this mount and their buckets: reads, writes and copies
     /// wait on them. Changed while mounted (`set_limits`); a request takes the buckets that
     /// are current when it comes.
     limits: RwLock<(IoLimits, Option<Arc<Throttle>>)>,
-    /// Inodes whose file capability the kernel removed, each with the thread that asked,
-    /// until that thread's next SETATTR of the inode: an empty one is that removal's (see
-    /// `dispatch`). A few at most; the oldest go first past [`CAPABILITY_REMOVALS`].
-    capability_removals: Mutex<VecDeque<(u64, u32)>>,
+    /// The kernel's capability removals not yet followed by their SETATTR (see `dispatch`).
+    pub(crate) capability_removals: CapabilityRemovals,
 }
 
 fn errno(e: VolumeError) -> Errno {
@@ -165,36 +161,9 @@ impl Operations {
             listed: ListingPrefetch::default(),
             next_fh: AtomicU64::new(1),
             metrics,
-            device: OnceLock::new(),
+            notifier: KernelNotifier::default(),
             limits: RwLock::new((IoLimits::default(), None)),
-            capability_removals: Mutex::new(VecDeque::new()),
-        }
-    }
-
-    /// The kernel removed `ino`'s file capability for thread `pid`.
-    pub(crate) fn note_capability_removal(&self, ino: u64, pid: u32) {
-        let mut noted = self
-            .capability_removals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if !noted.contains(&(ino, pid)) {
-            if noted.len() == CAPABILITY_REMOVALS {
-                noted.pop_front();
-            }
-            noted.push_back((ino, pid));
-        }
-    }
-
-    /// Whether the kernel removed `ino`'s file capability for `pid` since that thread's last
-    /// SETATTR of it; forgotten then (call it once for each SETATTR).
-    pub(crate) fn took_capability_removal(&self, ino: u64, pid: u32) -> bool {
-        let mut noted = self
-            .capability_removals
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match noted.iter().position(|n| *n == (ino, pid)) {
-            Some(i) => noted.remove(i).is_some(),
-            None => false,
+            capability_removals: CapabilityRemovals::default(),
         }
     }
 
@@ -231,21 +200,7 @@ impl Operations {
 
     /// The mount's /dev/fuse, which notifications to the kernel go to.
     pub(crate) fn set_device(&self, fd: OwnedFd) {
-        let _ = self.device.set(fd);
-    }
-
-    /// Tells the kernel to forget `ino`'s cached attributes: a change the reply to the
-    /// request that made it does not carry (a write that cleared setuid: until the kernel
-    /// asks again, exec would still see the bit). A kernel that no longer has the inode
-    /// answers ENOENT, which is no error here.
-    fn forget_attributes(&self, ino: u64) {
-        let Some(fd) = self.device.get() else {
-            return;
-        };
-        match nix::unistd::write(fd, &super::wire::inval_inode_attributes(ino)) {
-            Ok(_) | Err(nix::errno::Errno::ENOENT) => {}
-            Err(e) => tracing::warn!(ino, error = %e, "cannot invalidate cached attributes"),
-        }
+        self.notifier.set_device(fd);
     }
 
     pub(crate) fn cache(&self) -> CacheMode {
@@ -538,7 +493,8 @@ impl Operations {
         let t = Instant::now();
         let r = self.vol("write", |v| v.write_file(ino, offset, data, clearing));
         if let Ok((_, true)) = r {
-            self.forget_attributes(ino);
+            // Exec would still see the bit in the kernel's cached mode.
+            self.notifier.forget_attributes(ino);
         }
         let r = r.map(|(n, _)| n);
         self.metrics.record(Op::Write, t, r.is_ok());
