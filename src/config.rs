@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::space::Reserve;
 use crate::store::DirectIo;
 use crate::units::ByteSize;
 
@@ -84,6 +85,9 @@ pub struct StoreConfig {
     pub write_buffers: ByteSize,
     /// "auto" (O_DIRECT where supported) or "off".
     pub direct_io: DirectIo,
+    /// Disk space of the data dir's filesystem kept back from tenants' growth, for deletes and
+    /// the stores' upkeep: a size ("2G"; 0: none) or a percentage ("5%", the default).
+    pub reserve: Reserve,
 }
 
 impl Default for StoreConfig {
@@ -91,6 +95,7 @@ impl Default for StoreConfig {
         Self {
             write_buffers: ByteSize(64 << 20),
             direct_io: DirectIo::Auto,
+            reserve: Reserve::default(),
         }
     }
 }
@@ -252,6 +257,15 @@ mod tests {
         let e = Config::parse("[cache]\nbudget = \"lots\"\n", p).unwrap_err();
         assert!(e.to_string().contains("line 2"), "{e}");
         assert!(Config::parse("[cache]\nbudget = 10\n", p).is_err());
+        assert_eq!(c.store.reserve, Reserve::Percent(5));
+        let reserve = |text: &str| Config::parse(&format!("[store]\nreserve = {text}\n"), p);
+        assert_eq!(
+            reserve("\"2G\"").unwrap().store.reserve,
+            Reserve::Bytes(2 << 30)
+        );
+        assert_eq!(reserve("0").unwrap().store.reserve, Reserve::Bytes(0));
+        let e = reserve("\"60%\"").unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("invalid reserve"), "{e}");
         assert!(Config::parse("[pressure]\ninterval_ms = 0\n", p).is_err());
         assert!(Config::parse("[metrics]\nlisten = \"0.0.0.0:9477\"\n", p).is_err());
         assert_eq!(

@@ -26,6 +26,8 @@ pub mod metrics;
 pub mod nbd;
 pub mod pressure;
 pub mod process;
+pub mod quota;
+pub mod space;
 pub mod store;
 pub mod tenants;
 pub mod ublk;

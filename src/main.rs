@@ -52,14 +52,33 @@ fn run(cli: Cli) -> Result<()> {
             name,
             block_size,
             base,
-        }) => cli::tenant::create(&cli, name, *block_size, base.as_deref()),
+            quota_bytes,
+            quota_inodes,
+        }) => {
+            let quota = tenantfs::quota::Quota {
+                bytes: quota_bytes.and_then(|l| std::num::NonZeroU64::new(l.wire())),
+                inodes: quota_inodes.and_then(|l| std::num::NonZeroU64::new(l.wire())),
+            };
+            cli::tenant::create(&cli, name, *block_size, base.as_deref(), quota)
+        }
+        Command::Tenant(TenantCommand::Check { name }) => cli::tenant::check(&cli, name),
         Command::Tenant(TenantCommand::List { json }) => cli::tenant::list(&cli, *json),
         Command::Tenant(TenantCommand::Delete { name }) => cli::tenant::delete(&cli, name),
         Command::Tenant(TenantCommand::Set {
             name,
             iops,
             bandwidth,
-        }) => cli::tenant::set_limits(&cli, name, *iops, *bandwidth),
+            quota_bytes,
+            quota_inodes,
+        }) => {
+            let settings = cli::tenant::Settings {
+                iops: *iops,
+                bandwidth: *bandwidth,
+                quota_bytes: *quota_bytes,
+                quota_inodes: *quota_inodes,
+            };
+            cli::tenant::set(&cli, name, settings)
+        }
         Command::Config(ConfigCommand::Check) => cli::tenant::config_check(&cli),
         Command::Mount {
             tenant,

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! tenants/<name>/tenant.json   name, format version, block size, creation time, wrapped key,
-//!                              base, device size (block volumes)
+//!                              base, device size (block volumes), quota
 //! tenants/<name>/tenant.lock   flock held while the tenant's store is open
 //! tenants/<name>/db/           the tenant's encrypted RocksDB
 //! ```
@@ -26,6 +26,7 @@ use crate::crypto::{KeyError, TenantKey};
 use crate::data_dir::{tenants_dir, DataDir};
 use crate::fs_util::{sync_dir, tree_bytes, write_atomic};
 use crate::process;
+use crate::quota::Quota;
 use crate::store::{Encryption, OpenMode, StoreError, StoreHost, TenantDb};
 
 const RECORD: &str = "tenant.json";
@@ -108,6 +109,9 @@ pub struct TenantInfo {
     /// filesystem tenant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_size: Option<u64>,
+    /// What its files may take (see `quota`).
+    #[serde(skip_serializing_if = "Quota::is_unlimited")]
+    pub quota: Quota,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -124,6 +128,9 @@ struct TenantRecord {
     /// Set for a block volume: the size of its device.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     device_size: Option<u64>,
+    /// Absent when unlimited (a record with one is refused by a tenantfs without quotas).
+    #[serde(default, skip_serializing_if = "Quota::is_unlimited")]
+    quota: Quota,
 }
 
 impl TenantRecord {
@@ -135,6 +142,7 @@ impl TenantRecord {
             disk_bytes,
             base: self.base,
             device_size: self.device_size,
+            quota: self.quota,
         }
     }
 }
@@ -148,6 +156,8 @@ pub struct NewTenant<'a> {
     pub base: Option<&'a str>,
     /// A block volume's device size (the caller creates the device: see `blockdev`).
     pub device_size: Option<u64>,
+    /// What its files may take.
+    pub quota: Quota,
 }
 
 /// Checks a tenant name: safe as a path component and in logs.
@@ -233,6 +243,7 @@ pub fn create_as(
             wrapped_key: hex::encode(data.master_key().wrap_tenant_key(name, &key)?),
             base: new.base.map(str::to_owned),
             device_size: new.device_size,
+            quota: new.quota,
         };
         let json = serde_json::to_vec_pretty(&record).expect("record serialises");
         let record_path = staging.join(RECORD);
@@ -377,10 +388,35 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, Tena
 /// no other process serves it meanwhile; the record is replaced atomically (`tenant`'s info
 /// keeps the size it was opened with).
 pub fn set_device_size(data: &DataDir, tenant: &Tenant, size: u64) -> Result<(), TenantError> {
-    let name = tenant.info.name.clone();
-    let dir = tenant_dir(data.root(), &name)?;
-    let mut record = read_record(&dir, &name)?;
-    record.device_size = Some(size);
+    rewrite_record(data.root(), &tenant.info.name, |r| {
+        r.device_size = Some(size)
+    })
+}
+
+/// Records `tenant`'s new quota; the caller holds the tenant open (`tenant`, whose info keeps
+/// the quota it was opened with) and applies it to what it serves.
+pub fn set_quota_of_open(data: &DataDir, tenant: &Tenant, quota: Quota) -> Result<(), TenantError> {
+    rewrite_record(data.root(), &tenant.info.name, |r| r.quota = quota)
+}
+
+/// Records the new quota of tenant `name`, which no process may have open (one that serves it
+/// changes it through [`set_quota_of_open`]); it holds from the next mount on.
+pub fn set_quota(root: &Path, name: &str, quota: Quota) -> Result<TenantInfo, TenantError> {
+    let dir = tenant_dir(root, name)?;
+    let _lock = lock(&dir, name)?;
+    rewrite_record(root, name, |r| r.quota = quota)?;
+    info(root, name)
+}
+
+/// Replaces tenant `name`'s record, changed by `change`, atomically.
+fn rewrite_record(
+    root: &Path,
+    name: &str,
+    change: impl FnOnce(&mut TenantRecord),
+) -> Result<(), TenantError> {
+    let dir = tenant_dir(root, name)?;
+    let mut record = read_record(&dir, name)?;
+    change(&mut record);
     let json = serde_json::to_vec_pretty(&record).expect("record serialises");
     let path = dir.join(RECORD);
     write_atomic(&path, &json, 0o600).map_err(io_err(&path))

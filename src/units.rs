@@ -56,17 +56,28 @@ impl fmt::Display for ByteSize {
 
 impl<'de> Deserialize<'de> for ByteSize {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(ByteSize(n)),
-            Raw::S(s) => s.parse().map_err(serde::de::Error::custom),
-        }
+        number_or_text(d)
     }
+}
+
+/// A config value written as a plain number (bytes) or as text (`"2G"`), parsed as text.
+pub(crate) fn number_or_text<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr,
+    T::Err: fmt::Display,
+{
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        N(u64),
+        S(String),
+    }
+    let text = match Raw::deserialize(d)? {
+        Raw::N(n) => n.to_string(),
+        Raw::S(s) => s,
+    };
+    text.parse().map_err(serde::de::Error::custom)
 }
 
 const MIB: u64 = 1 << 20;

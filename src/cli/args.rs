@@ -178,7 +178,16 @@ pub enum TenantCommand {
         /// is the base's).
         #[arg(long)]
         base: Option<String>,
+        /// Bytes its files may take, as `du` inside the mount counts them (e.g. 10G).
+        #[arg(long, value_parser = parse_quota_bytes, allow_hyphen_values = true)]
+        quota_bytes: Option<Limit>,
+        /// Files, directories, links and nodes it may hold (the root directory counts).
+        #[arg(long, value_parser = parse_quota_inodes, allow_hyphen_values = true)]
+        quota_inodes: Option<Limit>,
     },
+    /// Count what a tenant's files take again and correct its stored usage (the tenant must
+    /// not be mounted; a tenant that was not unmounted cleanly is counted at its next mount).
+    Check { name: String },
     /// List tenants.
     List {
         /// Print a JSON array.
@@ -187,14 +196,20 @@ pub enum TenantCommand {
     },
     /// Delete a tenant and all its data.
     Delete { name: String },
-    /// Change a mounted tenant's I/O limits at once, on every mount of it: requests a second
-    /// (`--iops`) and bytes a second (`--bandwidth 100M`); `unlimited` removes a limit.
+    /// Change a tenant's settings: its quota (`--quota-bytes 10G`, `--quota-inodes N`, kept
+    /// in its record, at once if it is mounted) and a mounted tenant's I/O limits on every
+    /// mount of it (`--iops` requests a second, `--bandwidth 100M` bytes a second);
+    /// `unlimited` removes a limit.
     Set {
         name: String,
         #[arg(long, value_parser = parse_iops, allow_hyphen_values = true)]
         iops: Option<Limit>,
         #[arg(long, value_parser = parse_bandwidth, allow_hyphen_values = true)]
         bandwidth: Option<Limit>,
+        #[arg(long, value_parser = parse_quota_bytes, allow_hyphen_values = true)]
+        quota_bytes: Option<Limit>,
+        #[arg(long, value_parser = parse_quota_inodes, allow_hyphen_values = true)]
+        quota_inodes: Option<Limit>,
     },
 }
 
@@ -221,7 +236,8 @@ fn parse_iops(s: &str) -> Result<Limit, String> {
         _ => match s.parse::<u32>() {
             Ok(n) if n > 0 => Ok(Limit::At(n.into())),
             _ => Err(format!(
-                "{s:?} is not an IOPS limit: give a positive number of requests a second                  (at most {}), or unlimited",
+                "{s:?} is not an IOPS limit: give a positive number of requests a second \
+                 (at most {}), or unlimited",
                 u32::MAX
             )),
         },
@@ -234,7 +250,33 @@ fn parse_bandwidth(s: &str) -> Result<Limit, String> {
         _ => match s.parse::<ByteSize>() {
             Ok(b) if b.0 > 0 => Ok(Limit::At(b.0)),
             _ => Err(format!(
-                "{s:?} is not a bandwidth limit: give a positive size a second (100M, 1G), or                  unlimited"
+                "{s:?} is not a bandwidth limit: give a positive size a second (100M, 1G), or \
+                 unlimited"
+            )),
+        },
+    }
+}
+
+fn parse_quota_bytes(s: &str) -> Result<Limit, String> {
+    match s {
+        "unlimited" => Ok(Limit::Unlimited),
+        _ => match s.parse::<ByteSize>() {
+            Ok(b) if b.0 > 0 => Ok(Limit::At(b.0)),
+            _ => Err(format!(
+                "{s:?} is not a byte quota: give a positive size (500M, 10G), or unlimited"
+            )),
+        },
+    }
+}
+
+fn parse_quota_inodes(s: &str) -> Result<Limit, String> {
+    match s {
+        "unlimited" => Ok(Limit::Unlimited),
+        _ => match s.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Limit::At(n)),
+            _ => Err(format!(
+                "{s:?} is not an inode quota: give a positive number of inodes (the root \
+                 directory is one), or unlimited"
             )),
         },
     }

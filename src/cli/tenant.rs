@@ -1,11 +1,13 @@
 //! The data dir and its tenants: `init`, `tenant create|list|delete`, `config check`.
 
+use std::num::NonZeroU64;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use tenantfs::config::Config;
 use tenantfs::control::{ControlError, RefusalCode};
 use tenantfs::data_dir::DataDir;
+use tenantfs::quota::{Quota, QuotaChange};
 use tenantfs::tenants;
 use tenantfs::units::ByteSize;
 
@@ -38,13 +40,21 @@ pub fn create(
     name: &str,
     block_size: Option<ByteSize>,
     base: Option<&str>,
+    quota: Quota,
 ) -> Result<()> {
     let config = cli.load_config()?;
     let data = cli.open_data_dir()?;
     let host = command_stores(&config);
     let info = match base {
-        None => tenants::create(&data, &host, name, block_size.map(|b| b.0))
-            .with_context(|| format!("cannot create tenant {name}"))?,
+        None => {
+            let new = tenants::NewTenant {
+                block_size: block_size.map(|b| b.0),
+                quota,
+                ..tenants::NewTenant::default()
+            };
+            tenants::create_as(&data, &host, name, &new)
+                .with_context(|| format!("cannot create tenant {name}"))?
+        }
         Some(base) => {
             if block_size.is_some() {
                 anyhow::bail!(
@@ -55,7 +65,7 @@ pub fn create(
             let started = std::time::Instant::now();
             let store = tenantfs::base::BaseStore::open(&data, &host)?;
             let info = store
-                .create_tenant(&data, &host, name, base)
+                .create_tenant_with_quota(&data, &host, name, base, quota)
                 .with_context(|| format!("cannot create tenant {name} from base {base}"))?;
             println!(
                 "grafted base {base} into tenant {name} in {:.2} s (no data copied)",
@@ -65,10 +75,11 @@ pub fn create(
         }
     };
     println!(
-        "created tenant {} (block size {}, {} on disk, encrypted)",
+        "created tenant {} (block size {}, {} on disk, encrypted, quota {})",
         info.name,
         ByteSize(info.block_size.into()),
-        ByteSize(info.disk_bytes)
+        ByteSize(info.disk_bytes),
+        quota_text(&info.quota)
     );
     Ok(())
 }
@@ -84,6 +95,7 @@ pub fn list(cli: &Cli, json: bool) -> Result<()> {
         .map(|info| ListedTenant {
             info,
             mounts: Vec::new(),
+            usage: None,
         })
         .collect();
     let servers = match cli.serving_processes() {
@@ -95,6 +107,7 @@ pub fn list(cli: &Cli, json: bool) -> Result<()> {
         for s in server.tenant_list().map_err(daemon_error)?.tenants {
             if let Some(t) = list.iter_mut().find(|t| t.info.name == s.name) {
                 t.mounts.extend(s.mounts);
+                t.usage = t.usage.or(s.usage);
             }
         }
     }
@@ -106,16 +119,26 @@ pub fn list(cli: &Cli, json: bool) -> Result<()> {
         return Ok(());
     }
     println!(
-        "{:<32} {:>10} {:>14}  {:<16} MOUNTED AT",
-        "NAME", "BLOCK", "DISK BYTES", "BASE"
+        "{:<32} {:>10} {:>14} {:>14} {:>14}  {:<16} MOUNTED AT",
+        "NAME", "BLOCK", "DISK BYTES", "USED BYTES", "QUOTA BYTES", "BASE"
     );
     for t in list {
         let mounts: Vec<String> = t.mounts.iter().map(|m| m.display().to_string()).collect();
+        let used = t
+            .usage
+            .map_or_else(|| "-".to_owned(), |u| u.bytes.to_string());
+        let quota = t
+            .info
+            .quota
+            .bytes
+            .map_or_else(|| "-".to_owned(), |q| q.to_string());
         println!(
-            "{:<32} {:>10} {:>14}  {:<16} {}",
+            "{:<32} {:>10} {:>14} {:>14} {:>14}  {:<16} {}",
             t.info.name,
             t.info.block_size,
             t.info.disk_bytes,
+            used,
+            quota,
             t.info.base.as_deref().unwrap_or("-"),
             if mounts.is_empty() {
                 "-".to_owned()
@@ -127,12 +150,15 @@ pub fn list(cli: &Cli, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// One line of `tenant list --json`: the tenant's record and where it is mounted.
+/// One line of `tenant list --json`: the tenant's record, where it is mounted and, while it
+/// is, what its files take (its store is closed otherwise: `tenant check` counts them).
 #[derive(serde::Serialize)]
 struct ListedTenant {
     #[serde(flatten)]
     info: tenants::TenantInfo,
     mounts: Vec<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<tenantfs::quota::Usage>,
 }
 
 pub fn delete(cli: &Cli, name: &str) -> Result<()> {
@@ -142,27 +168,114 @@ pub fn delete(cli: &Cli, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// `tenant set NAME --iops N --bandwidth SIZE`: the new limits go to every process that
-/// serves a mount of the tenant, and take effect at once.
-pub fn set_limits(
+/// What `tenant set` changes; `None`: leave it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Settings {
+    pub iops: Option<Limit>,
+    pub bandwidth: Option<Limit>,
+    pub quota_bytes: Option<Limit>,
+    pub quota_inodes: Option<Limit>,
+}
+
+/// `tenant set NAME ...`: a quota goes into the tenant's record (through the process that
+/// serves it, which applies it at once, or directly when none does); limits go to every
+/// process that serves a mount of it, and take effect at once.
+pub fn set(cli: &Cli, name: &str, settings: Settings) -> Result<()> {
+    let Settings {
+        iops,
+        bandwidth,
+        quota_bytes,
+        quota_inodes,
+    } = settings;
+    if iops.is_none() && bandwidth.is_none() && quota_bytes.is_none() && quota_inodes.is_none() {
+        anyhow::bail!(
+            "say what to change: --quota-bytes SIZE, --quota-inodes N, --iops N (requests a \
+             second) or --bandwidth SIZE (bytes a second, e.g. 100M), or unlimited for any"
+        );
+    }
+    tenants::info(&cli.data_dir, name)?;
+    let servers = match cli.serving_processes() {
+        Ok(s) => s,
+        Err(ControlError::NoServer(_)) => Vec::new(),
+        Err(e) => return Err(daemon_error(e)),
+    };
+    if quota_bytes.is_some() || quota_inodes.is_some() {
+        set_quota(cli, &servers, name, quota_bytes, quota_inodes)?;
+    }
+    if iops.is_some() || bandwidth.is_some() {
+        set_limits(&servers, name, iops, bandwidth)?;
+    }
+    Ok(())
+}
+
+fn set_quota(
     cli: &Cli,
+    servers: &[tenantfs::control::Client],
+    name: &str,
+    bytes: Option<Limit>,
+    inodes: Option<Limit>,
+) -> Result<()> {
+    let (bytes, inodes) = (bytes.map(Limit::wire), inodes.map(Limit::wire));
+    let mut served = None;
+    for process in servers {
+        match process.set_quota(name, bytes, inodes) {
+            Ok(reply) => {
+                served = Some((reply.quota, Some(reply.usage)));
+                break;
+            }
+            Err(e)
+                if e.refusal()
+                    .is_some_and(|r| r.code == RefusalCode::NotServed) => {}
+            Err(e) => return Err(daemon_error(e)),
+        }
+    }
+    let (quota, usage) = match served {
+        Some(s) => s,
+        None => {
+            let change = QuotaChange {
+                bytes: bytes.map(NonZeroU64::new),
+                inodes: inodes.map(NonZeroU64::new),
+            };
+            let old = tenants::info(&cli.data_dir, name)?.quota;
+            let info = tenants::set_quota(&cli.data_dir, name, old.changed(change))
+                .with_context(|| format!("cannot change the quota of tenant {name}"))?;
+            (info.quota, None)
+        }
+    };
+    let used = usage.map_or_else(String::new, |u| {
+        format!(
+            "; its files take {} in {} inodes",
+            ByteSize(u.bytes),
+            u.inodes
+        )
+    });
+    println!("tenant {name}: quota {}{used}", quota_text(&quota));
+    Ok(())
+}
+
+/// A quota for people: `10.0 GiB, 1000 inodes`, `unlimited`.
+fn quota_text(quota: &Quota) -> String {
+    if quota.is_unlimited() {
+        return "unlimited".into();
+    }
+    let bytes = quota.bytes.map_or_else(
+        || "unlimited bytes".to_owned(),
+        |b| ByteSize(b.get()).to_string(),
+    );
+    let inodes = quota
+        .inodes
+        .map_or_else(|| "unlimited inodes".to_owned(), |n| format!("{n} inodes"));
+    format!("{bytes}, {inodes}")
+}
+
+fn set_limits(
+    servers: &[tenantfs::control::Client],
     name: &str,
     iops: Option<Limit>,
     bandwidth: Option<Limit>,
 ) -> Result<()> {
-    if iops.is_none() && bandwidth.is_none() {
-        anyhow::bail!(
-            "say what to change: --iops N (requests a second) or --bandwidth SIZE (bytes a              second, e.g. 100M), or unlimited for either"
-        );
-    }
-    if !cli.data_dir.join("tenants").join(name).is_dir() {
-        anyhow::bail!(
-            "no tenant {name} in {} (see `tenantfs tenant list`)",
-            cli.data_dir.display()
-        );
-    }
     let mut mounts = Vec::new();
-    for process in cli.serving_processes().map_err(daemon_error)? {
+    for process in servers {
         match process.set_limits(name, iops.map(Limit::wire), bandwidth.map(Limit::wire)) {
             Ok(reply) => mounts.extend(reply.mounts),
             Err(e)
@@ -173,7 +286,8 @@ pub fn set_limits(
     }
     if mounts.is_empty() {
         anyhow::bail!(
-            "tenant {name} is not mounted: limits apply to a mounted tenant (mount it with              -o iops=N,bandwidth=SIZE, or mount it and run this again)"
+            "tenant {name} is not mounted: limits apply to a mounted tenant (mount it with \
+             -o iops=N,bandwidth=SIZE, or mount it and run this again)"
         );
     }
     for m in mounts {
@@ -188,6 +302,37 @@ pub fn set_limits(
             m.mountpoint.display()
         );
     }
+    Ok(())
+}
+
+/// `tenant check NAME`: counts what the files of an unmounted tenant take and corrects the
+/// stored counts.
+pub fn check(cli: &Cli, name: &str) -> Result<()> {
+    let config = cli.load_config()?;
+    let data = cli.open_data_dir()?;
+    let host = command_stores(&config);
+    let tenant = tenants::open(&data, &host, name)?;
+    let volume = tenantfs::volume::Volume::open(tenant)
+        .with_context(|| format!("cannot open the files of tenant {name}"))?;
+    let (stored, counted) = volume
+        .check_usage()
+        .with_context(|| format!("cannot count the files of tenant {name}"))?;
+    let quota = volume.quota();
+    drop(volume); // stores the counts
+    let verdict = if stored == counted {
+        "the stored counts were right".to_owned()
+    } else {
+        format!(
+            "the stored counts said {} bytes in {} inodes; corrected",
+            stored.bytes, stored.inodes
+        )
+    };
+    println!(
+        "tenant {name}: its files take {} bytes in {} inodes (quota {}); {verdict}",
+        counted.bytes,
+        counted.inodes,
+        quota_text(&quota)
+    );
     Ok(())
 }
 

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use super::protocol::{AttachVia, Refusal, Reply, Request, Response};
 use super::replies::{
-    CacheReleaseReply, CacheReport, LimitsReply, MountReply, StatsReply, TenantListReply,
-    UmountReply, VolumeAttachReply, VolumeDetachReply,
+    CacheReleaseReply, CacheReport, LimitsReply, MountReply, QuotaReply, StatsReply,
+    TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +153,25 @@ impl Client {
                 bandwidth,
             },
             Limits
+        )
+    }
+
+    /// Changes the quota of `tenant`, served here (for each part: None keeps it, 0 removes
+    /// it).
+    pub fn set_quota(
+        &self,
+        tenant: &str,
+        bytes: Option<u64>,
+        inodes: Option<u64>,
+    ) -> Result<QuotaReply, ControlError> {
+        call!(
+            self,
+            Request::SetQuota {
+                tenant: tenant.to_owned(),
+                bytes,
+                inodes,
+            },
+            Quota
         )
     }
 

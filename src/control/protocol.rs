@@ -8,8 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::replies::{
-    CacheReleaseReply, CacheReport, LimitsReply, MountReply, StatsReply, TenantListReply,
-    UmountReply, VolumeAttachReply, VolumeDetachReply,
+    CacheReleaseReply, CacheReport, LimitsReply, MountReply, QuotaReply, StatsReply,
+    TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -57,6 +57,16 @@ pub enum Request {
         iops: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bandwidth: Option<u64>,
+    },
+    /// Change the quota of `tenant`, which this process serves, at once and in its record:
+    /// for each part, absent keeps it, 0 removes it, another number is the new quota (bytes
+    /// as `du` counts them; inodes).
+    SetQuota {
+        tenant: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bytes: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        inodes: Option<u64>,
     },
 }
 
@@ -121,6 +131,7 @@ pub enum Reply {
     VolumeAttach(VolumeAttachReply),
     VolumeDetach(VolumeDetachReply),
     Limits(LimitsReply),
+    Quota(QuotaReply),
 }
 
 /// Why a request was not carried out. Callers decide on `code`; `message` is for people.

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::cache::HostCacheStats;
 use crate::metrics::MountActivity;
 use crate::pressure::GovernorStats;
+use crate::quota::{Quota, Usage};
 use crate::store::StoreState;
 
 /// `cache_stats` and `cache_budget`: one serving process's host cache.
@@ -102,6 +103,14 @@ pub struct LimitsReply {
     pub mounts: Vec<MountLimits>,
 }
 
+/// A tenant's quota and what its files take, after `set_quota`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuotaReply {
+    pub tenant: String,
+    pub quota: Quota,
+    pub usage: Usage,
+}
+
 /// A mount's I/O limits (absent: none).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MountLimits {
@@ -129,6 +138,12 @@ pub struct MountReport {
     pub iops_limit: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_limit: Option<u64>,
+    /// The tenant's quota (absent: none) and what its files take (absent once the session
+    /// has ended).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quota: Option<Quota>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 /// A configured mount the daemon has not mounted yet, and when it tries again.
@@ -173,6 +188,9 @@ pub struct StatsReply {
 pub struct ServedTenant {
     pub name: String,
     pub mounts: Vec<PathBuf>,
+    /// What its files take, as its quota counts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 /// `tenant_list`: what this process serves (the CLI merges it into the data dir's list).
@@ -263,6 +281,14 @@ mod tests {
                     direct_io: Some(true),
                     iops_limit: Some(1000),
                     bandwidth_limit: None,
+                    quota: Some(Quota {
+                        bytes: std::num::NonZeroU64::new(1 << 30),
+                        inodes: None,
+                    }),
+                    usage: Some(Usage {
+                        bytes: 4096,
+                        inodes: 2,
+                    }),
                 },
                 MountReport {
                     tenant: "b".into(),
@@ -272,6 +298,8 @@ mod tests {
                     direct_io: None,
                     iops_limit: None,
                     bandwidth_limit: None,
+                    quota: None,
+                    usage: None,
                 },
             ],
             volumes: vec![VolumeReport {
@@ -332,6 +360,7 @@ mod tests {
             tenants: vec![ServedTenant {
                 name: "a".into(),
                 mounts: vec!["/m/a".into(), "/m/a2".into()],
+                usage: Some(Usage::default()),
             }],
         }));
     }

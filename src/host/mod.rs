@@ -18,9 +18,8 @@ use crate::blockdev::BlockDevice;
 use crate::cache::{process_rss_bytes, HostCache};
 use crate::config::{Config, PressureConfig, StoreConfig};
 use crate::control::replies::{
-    CacheReleaseReply, CacheReport, LimitsReply, MountLimits, MountReply, MountReport,
-    ServedTenant, StatsReply, TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
-    VolumeReport,
+    CacheReleaseReply, CacheReport, MountReply, MountReport, ServedTenant, StatsReply,
+    TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply, VolumeReport,
 };
 pub use crate::control::AttachVia;
 use crate::control::{Refusal, RefusalCode, Reply, Request};
@@ -29,12 +28,14 @@ use crate::fuse::{MountError, MountOptions, Session};
 use crate::metrics::{self, HostNumbers, MountMetrics};
 use crate::nbd::{NbdAddress, NbdExport, NbdKernelDevice};
 use crate::pressure::{Governor, GovernorConfig};
+use crate::space::HostSpace;
 use crate::store::StoreHost;
 use crate::tenants::{self, TenantError};
 use crate::ublk::UblkTarget;
 use crate::volume::{Volume, VolumeError};
 
 mod attached;
+mod tenant_settings;
 
 pub use attached::Attached;
 
@@ -120,6 +121,8 @@ pub struct ServingHost {
     mounting: Mutex<BTreeSet<PathBuf>>,
     /// Volumes with an attach in progress.
     attaching: Mutex<BTreeSet<String>>,
+    /// The data dir's disk, kept back from tenants' growth by the reserve.
+    space: Arc<HostSpace>,
 }
 
 impl ServingHost {
@@ -143,7 +146,6 @@ impl ServingHost {
             governor: governor.clone(),
         }));
         Ok(Self {
-            data,
             cache,
             governor,
             stores,
@@ -153,6 +155,8 @@ impl ServingHost {
             registry,
             mounting: Mutex::default(),
             attaching: Mutex::default(),
+            space: HostSpace::new(&data.tenants_dir(), config.store.reserve),
+            data,
         })
     }
 
@@ -161,12 +165,12 @@ impl ServingHost {
     pub fn open_volume(&self, tenant: &str) -> Result<Volume, HostError> {
         let opened = tenants::open_when_free(&self.data, &self.stores, tenant)?;
         // Base blocks are read from the host's packs through the host block cache.
-        crate::base::open_volume(&self.data, opened, Some(self.cache.clone())).map_err(|source| {
-            HostError::Volume {
+        crate::base::open_volume(&self.data, opened, Some(self.cache.clone()))
+            .map(|v| v.with_space(self.space.clone()))
+            .map_err(|source| HostError::Volume {
                 tenant: tenant.to_owned(),
                 source,
-            }
-        })
+            })
     }
 
     /// The sessions that still run (those unmounted from outside, by umount(8), are
@@ -530,6 +534,8 @@ impl ServingHost {
                     store: store.map(|(s, _)| s),
                     iops_limit: s.limits().iops.map(NonZeroU32::get),
                     bandwidth_limit: s.limits().bandwidth.map(NonZeroU64::get),
+                    quota: s.volume().map(|v| v.quota()).filter(|q| !q.is_unlimited()),
+                    usage: s.volume().map(|v| v.usage()),
                 }
             })
             .collect()
@@ -551,18 +557,20 @@ impl ServingHost {
     /// The tenants this host serves, each with its mountpoints (the CLI merges this into the
     /// data dir's list, so the server does not walk the tenant directories again).
     pub fn tenant_list(&self) -> TenantListReply {
-        let mut served: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
+        let mut served: BTreeMap<String, ServedTenant> = BTreeMap::new();
         for (path, s) in self.sessions().iter() {
-            served
+            let tenant = served
                 .entry(s.tenant().to_owned())
-                .or_default()
-                .push(path.clone());
+                .or_insert_with(|| ServedTenant {
+                    name: s.tenant().to_owned(),
+                    mounts: Vec::new(),
+                    usage: None,
+                });
+            tenant.mounts.push(path.clone());
+            tenant.usage = tenant.usage.or_else(|| s.volume().map(|v| v.usage()));
         }
         TenantListReply {
-            tenants: served
-                .into_iter()
-                .map(|(name, mounts)| ServedTenant { name, mounts })
-                .collect(),
+            tenants: served.into_values().collect(),
         }
     }
 
@@ -601,62 +609,11 @@ impl ServingHost {
                 iops,
                 bandwidth,
             } => Reply::Limits(self.set_limits(&tenant, iops, bandwidth)?),
-        })
-    }
-
-    /// Changes the I/O limits of every mount of `tenant` here (see `Request::SetLimits`).
-    pub fn set_limits(
-        &self,
-        tenant: &str,
-        iops: Option<u64>,
-        bandwidth: Option<u64>,
-    ) -> Result<LimitsReply, Refusal> {
-        let too_big = |what: &str| {
-            Refusal::new(
-                RefusalCode::BadRequest,
-                format!(
-                    "an {what} limit of more than {} is no limit: use 0 for none",
-                    u32::MAX
-                ),
-            )
-        };
-        let iops = match iops {
-            Some(n) => Some(NonZeroU32::new(
-                u32::try_from(n).map_err(|_| too_big("IOPS"))?,
-            )),
-            None => None,
-        };
-        let sessions: Vec<_> = self
-            .all_sessions()
-            .into_iter()
-            .filter(|s| s.tenant() == tenant)
-            .collect();
-        if sessions.is_empty() {
-            return Err(Refusal::new(
-                RefusalCode::NotServed,
-                format!("tenant {tenant} is not mounted by this process; its limits apply while it is mounted (-o iops=N,bandwidth=SIZE)"),
-            ));
-        }
-        let mut mounts = Vec::new();
-        for s in sessions {
-            let mut limits = s.limits();
-            if let Some(iops) = iops {
-                limits.iops = iops;
-            }
-            if let Some(bytes) = bandwidth {
-                limits.bandwidth = NonZeroU64::new(bytes);
-            }
-            if s.set_limits(limits) {
-                mounts.push(MountLimits {
-                    mountpoint: s.path().to_owned(),
-                    iops_limit: limits.iops.map(NonZeroU32::get),
-                    bandwidth_limit: limits.bandwidth.map(NonZeroU64::get),
-                });
-            }
-        }
-        Ok(LimitsReply {
-            tenant: tenant.to_owned(),
-            mounts,
+            Request::SetQuota {
+                tenant,
+                bytes,
+                inodes,
+            } => Reply::Quota(self.set_quota(&tenant, bytes, inodes)?),
         })
     }
 

@@ -53,14 +53,17 @@ int Fail(const IOStatus& s, char** err) {
 }
 
 // Space is reserved ahead of the appends (fallocate) in steps that double with the file, from
-// the append's own size up to this much: a small tenant's file holds little more than its
-// bytes (a 128 MiB file system must not lose 64 MiB to one 1 MiB write).
+// the append's own size up to the writer's `max_step` (at most this much, and the opener's
+// share of its file system): a small tenant's file holds little more than its bytes (a 128
+// MiB file system must not lose 64 MiB to one 1 MiB write), and what is reserved ahead of the
+// bytes stays small beside the host's free-space reserve.
 constexpr uint64_t kReserve = 64 << 20;
 
 struct ExtentWriter {
   std::unique_ptr<FSWritableFile> file;
   uint64_t offset = 0;    // bytes appended (after the prefix, which the file system adds)
   uint64_t reserved = 0;  // bytes of the body with disk space reserved
+  uint64_t max_step = kReserve;
 };
 
 }  // namespace
@@ -74,7 +77,7 @@ extern "C" {
 // and *err set on failure. `direct`: write with O_DIRECT (and so through the pipelined
 // writer).
 void* tenantfs_extent_writer_open(const rocksdb_env_t* env, const char* path, const char* reuse,
-                                  int direct, char** err) {
+                                  int direct, uint64_t max_step, char** err) {
   FileOptions options;
   options.use_direct_writes = direct != 0;
   // Reserved space counts in the file's size, so the writes into it do not extend the file
@@ -87,6 +90,7 @@ void* tenantfs_extent_writer_open(const rocksdb_env_t* env, const char* path, co
   options.open_contract =
       FileOpenContract::kNoReopenForWrite | FileOpenContract::kNoReadersWhileOpenForWrite;
   auto w = std::make_unique<ExtentWriter>();
+  w->max_step = std::max<uint64_t>(1, std::min(kReserve, max_step));
   auto fs = FileSystemOf(env);
   IOStatus s = reuse != nullptr ? fs->ReuseWritableFile(path, reuse, options, &w->file, nullptr)
                                 : fs->NewWritableFile(path, options, &w->file, nullptr);
@@ -105,7 +109,7 @@ int tenantfs_extent_writer_append(void* writer, const char* data, size_t len, ch
   auto* w = static_cast<ExtentWriter*>(writer);
   IOOptions io;
   if (w->offset + len > w->reserved) {
-    uint64_t step = std::max<uint64_t>(len, std::min<uint64_t>(kReserve, w->reserved));
+    uint64_t step = std::max<uint64_t>(len, std::min<uint64_t>(w->max_step, w->reserved));
     IOStatus s = w->file->Allocate(w->reserved, step, io, nullptr);
     if (s.ok()) {
       w->reserved += step;

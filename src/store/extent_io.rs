@@ -13,6 +13,7 @@ extern "C" {
         path: *const c_char,
         reuse: *const c_char,
         direct: i32,
+        max_step: u64,
         err: *mut *mut c_char,
     ) -> *mut c_void;
     fn tenantfs_extent_writer_append(
@@ -38,6 +39,17 @@ extern "C" {
         err: *mut *mut c_char,
     ) -> i64;
     fn tenantfs_extent_reader_close(reader: *mut c_void);
+}
+
+/// The most disk space an extent file at `path` reserves ahead of its bytes at once: 1/64 of
+/// its file system (64 MiB from 4 GiB up, 1 MiB at least), so what is reserved but not yet
+/// written stays well inside the host's free-space reserve (`space`).
+fn reserve_step(path: &Path) -> u64 {
+    let total = path
+        .parent()
+        .and_then(|dir| nix::sys::statvfs::statvfs(dir).ok())
+        .map_or(u64::MAX, |st| st.blocks() * st.fragment_size());
+    (total / 64).clamp(1 << 20, 64 << 20)
 }
 
 /// O_DIRECT's alignment for offsets, lengths and buffers.
@@ -112,11 +124,19 @@ impl Appender {
         let p = c_path(path)?;
         let r = reuse.map(c_path).transpose()?;
         let r_ptr = r.as_ref().map_or(std::ptr::null(), |r| r.as_ptr());
+        let max_step = reserve_step(path);
         let mut err = std::ptr::null_mut();
         // SAFETY: `env` is a live Env or null (the shim then uses the default file system);
         // `p` and `r` are NUL-terminated (or `r_ptr` null) and outlive the call.
         let raw = unsafe {
-            tenantfs_extent_writer_open(env.0, p.as_ptr(), r_ptr, i32::from(direct), &mut err)
+            tenantfs_extent_writer_open(
+                env.0,
+                p.as_ptr(),
+                r_ptr,
+                i32::from(direct),
+                max_step,
+                &mut err,
+            )
         };
         if raw.is_null() {
             return Err(take_err(err));

@@ -30,6 +30,9 @@
 //!          "O" ‖ ino                         -> (empty) orphan: nlink 0, still open
 //!          "X" ‖ ino ‖ name                  -> xattr value
 //!          "grafting"                        -> base name, while a base tree is grafted in
+//!          "usage"                           -> version (u8) ‖ closed (u8) ‖ bytes (u64 BE) ‖
+//!                   inodes (u64 BE): what the files take, whole only when closed is 1
+//!                   (see `usage`)
 //! ```
 //!
 //! Big-endian integers keep keys of one inode together and in block order, so a file's extents
@@ -61,6 +64,8 @@ pub(crate) const EXTENT_BASE: u8 = 1;
 pub(crate) const EXTENT_STORED: u8 = 2;
 /// Present while a tree from a base image is being grafted into a new volume.
 pub(crate) const GRAFTING_KEY: &[u8] = b"grafting";
+/// What the files take, stored at close (see `usage`).
+pub(crate) const USAGE_KEY: &[u8] = b"usage";
 
 pub(crate) fn ino_key(ino: u64) -> [u8; 8] {
     ino.to_be_bytes()

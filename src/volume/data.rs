@@ -22,8 +22,8 @@ use super::codec::{
     private_extent, stored_chunk, xattr_key, Chunk, Extent, ExtentKey,
 };
 use super::{
-    now, privileges, Clearing, Fallocate, FileKind, Result, Volume, VolumeError, MULTI_GET_BLOCKS,
-    UNLOGGED_WRITE_MIN,
+    now, privileges, usage, Attr, Clearing, Fallocate, FileKind, Result, Volume, VolumeError,
+    MULTI_GET_BLOCKS, UNLOGGED_WRITE_MIN,
 };
 use crate::store::{Batch, ExtentSpan, Family};
 
@@ -586,6 +586,7 @@ impl Volume {
         if data.is_empty() {
             return Ok((0, false)); // writes nothing, and does not move the end of file either
         }
+        let charge = self.charge_growth(&attr, end)?;
         // Bulk data of a chunked volume goes into extent files (see `write_chunks`); without
         // chunks (blocks of 64 KiB and more) it skips the WAL instead.
         let bulk = data.len() >= UNLOGGED_WRITE_MIN;
@@ -635,8 +636,20 @@ impl Volume {
             self.store_attr(&mut b, &attr, &[]);
             self.db().write(b)?;
         }
+        charge.keep();
         self.blob_gc.poke(&self.tenant);
         Ok((data.len() as u32, mode_changed))
+    }
+
+    /// Takes from the quota what moving `attr`'s end of file to `end` (if further) adds.
+    fn charge_growth(&self, attr: &Attr, end: u64) -> Result<usage::Charge<'_>> {
+        let before = usage::charged_bytes(attr, self.block_size);
+        let grown = Attr {
+            size: attr.size.max(end),
+            ..attr.clone()
+        };
+        let after = usage::charged_bytes(&grown, self.block_size);
+        self.counts.charge(after - before, 0)
     }
 
     pub fn fallocate(&self, ino: u64, offset: u64, len: u64, mode: Fallocate) -> Result<()> {
@@ -660,12 +673,14 @@ impl Volume {
                 !keep_size
             }
         };
+        let charge = self.charge_growth(&attr, if grow { end } else { attr.size })?;
         if grow && end > attr.size {
             attr.size = end;
         }
         attr.ctime = t;
         self.store_attr(&mut b, &attr, &[]);
         self.db().write(b)?;
+        charge.keep();
         Ok(())
     }
 

@@ -35,6 +35,15 @@ pub enum VolumeError {
     NoMoreData,
     #[error("no space left on the tenant's disk")]
     NoSpace,
+    #[error(
+        "the tenant's quota of {quota} {what} is used up (free some, or raise it: tenant set)"
+    )]
+    OverQuota { what: &'static str, quota: u64 },
+    #[error(
+        "the host's disk is down to its reserve ({free} bytes free, {reserve} kept back for \
+         deletes and upkeep): delete files, or ask the host's operator for room"
+    )]
+    HostFull { free: u64, reserve: u64 },
     #[error("tenant {tenant}: inode {ino} record is damaged")]
     Damaged { tenant: String, ino: u64 },
     #[error("tenant {tenant}: a base image block of inode {ino} cannot be read: {detail}")]
@@ -95,6 +104,8 @@ impl VolumeError {
             VolumeError::NotPermitted => libc::EPERM,
             VolumeError::NoMoreData => libc::ENXIO,
             VolumeError::NoSpace => libc::ENOSPC,
+            VolumeError::OverQuota { .. } => libc::EDQUOT,
+            VolumeError::HostFull { .. } => libc::ENOSPC,
             VolumeError::Damaged { .. } => libc::EIO,
             VolumeError::BaseBlock { .. }
             | VolumeError::Format { .. }

@@ -124,6 +124,9 @@ impl Volume {
         b.delete(Family::Meta, GRAFTING_KEY);
         db.write(b)?;
         db.sync()?;
+        // The grafted tree is charged as written files are (each tenant from a base pays
+        // for the files it holds, shared or not).
+        self.check_usage()?;
         Ok(count)
     }
 }

@@ -9,8 +9,8 @@
 //!
 //! The operations are grouped by what they touch: `namespace` (names and links), `data` (file
 //! bytes), `xattrs`, `orphans` (files freed after their last close); `privileges` (setuid and
-//! setgid cleared as the kernel's rules say); `types` holds the values they take and return,
-//! `error` the one error type. Layout and background upkeep: `codec`,
+//! setgid cleared as the kernel's rules say); `usage` (what the files take, against the
+//! quota); `types` holds the values they take and return, `error` the one error type. Layout and background upkeep: `codec`,
 //! `chunk`, `fold`, `readahead`, `neighbours`, `blob_gc`, `extent_gc`, `graft`.
 
 mod blob_gc;
@@ -31,9 +31,10 @@ mod readahead;
 #[cfg(test)]
 mod testing;
 mod types;
+mod usage;
 mod xattrs;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
@@ -92,6 +93,8 @@ pub struct Volume {
     records: Arc<InodeCache>,
     folds: Folds,
     blob_gc: blob_gc::BlobGc,
+    /// What the files take, and the quota they are charged against.
+    counts: usage::Counts,
 }
 
 fn now() -> SystemTime {
@@ -183,6 +186,7 @@ impl Volume {
                     .map(|b| u64::from_be_bytes(b.try_into().unwrap()))
             })
             .unwrap_or(ROOT_INO);
+        let tenant_quota = tenant.info().quota;
         let tenant = Arc::new(tenant);
         let inodes = Arc::new(InodeLocks::new());
         let chunk_blocks = chunk::chunk_blocks(block_size);
@@ -204,12 +208,14 @@ impl Volume {
             readahead: Readahead::default(),
             neighbours: Neighbours::default(),
             records: Arc::default(),
+            counts: usage::Counts::new(tenant_quota),
         };
         if volume.db().get(Family::Meta, GRAFTING_KEY)?.is_some() {
             return Err(VolumeError::Incomplete {
                 tenant: volume.tenant.info().name.clone(),
             });
         }
+        volume.open_usage()?;
         volume.purge_orphans()?;
         Ok(volume)
     }
@@ -257,12 +263,9 @@ impl Volume {
         Ok(record)
     }
 
+    /// `st_blocks`: what the file is charged (see `usage`), so `du` counts what the quota does.
     fn allocated_blocks(&self, attr: &Attr) -> u64 {
-        // An estimate from the size (exact accounting would need a scan of the extents).
-        match attr.kind {
-            FileKind::File | FileKind::Dir => attr.size.div_ceil(512),
-            _ => 0,
-        }
+        usage::charged_bytes(attr, self.block_size) / 512
     }
 
     /// Puts an inode record; `target` (a symlink's target) is stored only for symlinks, so
@@ -318,6 +321,8 @@ impl Volume {
         }
         let t = now();
         let mut b = self.db().batch();
+        // (bytes charged before, new size) of a truncate.
+        let mut resized = None;
         if let Some(size) = set.size {
             match attr.kind {
                 FileKind::File => {}
@@ -330,6 +335,7 @@ impl Volume {
             if size < attr.size {
                 self.zero_range(&mut b, ino, size, attr.size - size, attr.size)?;
             }
+            resized = Some((usage::charged_bytes(&attr, self.block_size), size));
             attr.size = size;
             attr.mtime = t;
         }
@@ -349,8 +355,13 @@ impl Volume {
             attr.mtime = m;
         }
         attr.ctime = set.ctime.unwrap_or(t);
+        let after = usage::charged_bytes(&attr, self.block_size);
+        let before = resized.map_or(after, |(before, _)| before);
+        let charge = self.counts.charge(after.saturating_sub(before), 0)?;
         self.store_attr(&mut b, &attr, &target);
         self.db().write(b)?;
+        charge.keep();
+        self.counts.release(before.saturating_sub(after), 0);
         attr.blocks = self.allocated_blocks(&attr);
         Ok(attr)
     }
@@ -378,15 +389,36 @@ impl Volume {
         Ok(())
     }
 
+    /// The tenant's own numbers: what its files take as used, its quota as the size (where it
+    /// has none, what it takes plus what the host has free); free is never more than the host
+    /// has.
     pub fn statfs(&self) -> Result<StatFs> {
-        let (free, total) = self.db().disk_space()?;
+        let (host_free, host_total) = self.db().disk_space()?;
+        let (quota, used) = (self.counts.quota(), self.counts.usage());
+        let bs = self.block_size;
+        let (blocks, blocks_free) = match quota.bytes {
+            Some(q) => (
+                q.get() / bs,
+                q.get().saturating_sub(used.bytes).min(host_free) / bs,
+            ),
+            // The space it could have: what it holds and what the host has free.
+            None => (
+                used.bytes
+                    .saturating_add(host_free)
+                    .min(host_total.max(used.bytes))
+                    / bs,
+                host_free / bs,
+            ),
+        };
+        let files = quota
+            .inodes
+            .map_or(u64::from(u32::MAX), std::num::NonZeroU64::get);
         Ok(StatFs {
-            block_size: self.block_size as u32,
-            blocks: total / self.block_size,
-            blocks_free: free / self.block_size,
-            files: u64::from(u32::MAX),
-            files_free: u64::from(u32::MAX)
-                - self.next_ino.load(Ordering::Relaxed).min(u32::MAX.into()),
+            block_size: bs as u32,
+            blocks,
+            blocks_free,
+            files,
+            files_free: files.saturating_sub(used.inodes),
             name_max: NAME_MAX as u32,
         })
     }
@@ -408,6 +440,9 @@ impl Drop for Volume {
         self.blob_gc.close();
         // Read-ahead jobs hold the store while they run: none may outlive the volume.
         self.readahead.close();
+        if let Err(e) = self.close_usage() {
+            tracing::error!(tenant = %self.tenant.info().name, error = %e, "usage not stored");
+        }
         // Unmount or shutdown: make the WAL durable before the store closes.
         if let Err(e) = self.fsync() {
             tracing::error!(tenant = %self.tenant.info().name, error = %e, "final sync failed");

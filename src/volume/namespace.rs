@@ -65,6 +65,7 @@ impl Volume {
         if self.find(parent, name)?.is_some() {
             return Err(VolumeError::Exists);
         }
+        let charge = self.counts.charge(0, 1)?;
         let ino = self.next_ino.fetch_add(1, Ordering::Relaxed);
         let t = now();
         // BSD group semantics under a setgid directory.
@@ -104,6 +105,7 @@ impl Volume {
             &dirent_value(ino, kind),
         );
         self.db().write(b)?;
+        charge.keep();
         Ok(attr)
     }
 

@@ -3,7 +3,7 @@
 //! (`purge_orphans`). Their keys go in point deletes when few, one range tombstone otherwise.
 
 use super::codec::*;
-use super::{Result, Volume, VolumeError};
+use super::{usage, Result, Volume, VolumeError};
 use crate::store::Family;
 
 impl Volume {
@@ -63,6 +63,12 @@ impl Volume {
     }
 
     fn purge(&self, ino: u64) -> Result<()> {
+        // What it takes is given back once it is gone (nothing, if its record is).
+        let freed = match self.load(ino) {
+            Ok((attr, _)) => Some(usage::charged_bytes(&attr, self.block_size)),
+            Err(VolumeError::NotFound) => None,
+            Err(e) => return Err(e),
+        };
         let mut b = self.db().batch();
         b.delete(Family::Inodes, &ino_key(ino));
         let records = std::sync::Arc::clone(&self.records);
@@ -81,6 +87,9 @@ impl Volume {
         )?;
         b.delete(Family::Meta, &orphan_key(ino));
         self.db().write(b)?;
+        if let Some(bytes) = freed {
+            self.counts.release(bytes, 1);
+        }
         Ok(())
     }
 

@@ -451,8 +451,26 @@ impl BaseStore {
         tenant: &str,
         base: &str,
     ) -> Result<crate::tenants::TenantInfo, BaseError> {
+        self.create_tenant_with_quota(data, host, tenant, base, Default::default())
+    }
+
+    /// [`Self::create_tenant`] with a quota. The grafted files count against it as written
+    /// ones do (a tree larger than the quota leaves the tenant refusing writes until files
+    /// are deleted or the quota is raised).
+    pub fn create_tenant_with_quota(
+        &self,
+        data: &DataDir,
+        host: &StoreHost,
+        tenant: &str,
+        base: &str,
+        quota: crate::quota::Quota,
+    ) -> Result<crate::tenants::TenantInfo, BaseError> {
         let (record, nodes) = self.graft_nodes(base)?;
-        self.create_grafted(data, host, tenant, &record, None, nodes)
+        let new = crate::tenants::NewTenant {
+            quota,
+            ..Default::default()
+        };
+        self.create_grafted(data, host, tenant, &record, new, nodes)
     }
 
     /// Creates block volume `tenant` from ready base `base`, a raw image: the image becomes
@@ -485,23 +503,29 @@ impl BaseStore {
         }
         image.path = device.file.to_vec();
         image.size = size;
-        self.create_grafted(data, host, tenant, &record, Some(size), nodes)
+        let new = crate::tenants::NewTenant {
+            device_size: Some(size),
+            ..Default::default()
+        };
+        self.create_grafted(data, host, tenant, &record, new, nodes)
     }
 
+    /// Creates `tenant` as `new` says (its block size and base are `record`'s) and grafts
+    /// `nodes` into it.
     fn create_grafted(
         &self,
         data: &DataDir,
         host: &StoreHost,
         tenant: &str,
         record: &BaseRecord,
-        device_size: Option<u64>,
+        new: crate::tenants::NewTenant<'_>,
         nodes: Vec<crate::volume::GraftNode>,
     ) -> Result<crate::tenants::TenantInfo, BaseError> {
         let base = record.name.as_str();
         let new = crate::tenants::NewTenant {
             block_size: Some(record.block_size as u64),
             base: Some(base),
-            device_size,
+            ..new
         };
         let info = crate::tenants::create_as(data, host, tenant, &new)?;
         let grafted = (|| -> Result<u64, BaseError> {

@@ -1,5 +1,6 @@
-//! Disk: idle mounted tenants hold little of it, and a full disk stops only the tenant on
-//! it, until space is freed.
+//! Disk: idle mounted tenants hold little of it, a tenant that grows to the host's reserve
+//! gets ENOSPC alone while the others still write and its deletes go through, and a disk
+//! filled by something else stops only the tenant that hit it, until space is freed.
 
 use super::*;
 
@@ -35,6 +36,36 @@ fn idle_mounted_tenants_hold_little_disk() {
     }
 }
 
+/// Writes MiB `i` of a new file `path` as `chunk(i)` says, each synced, until ENOSPC (at most
+/// `most` of them); returns the file and the MiB acknowledged.
+fn write_until_enospc(
+    path: &std::path::Path,
+    chunk: impl Fn(u64) -> Vec<u8>,
+    most: u64,
+) -> (std::fs::File, u64) {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap();
+    let mut acked = 0u64;
+    let err = loop {
+        match f
+            .write_all_at(&chunk(acked), acked << 20)
+            .and_then(|()| f.sync_data())
+        {
+            Ok(()) => acked += 1,
+            Err(e) => break e,
+        }
+        assert!(acked < most, "{acked} MiB written, and no ENOSPC");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    (f, acked)
+}
+
 /// Allocated bytes (st_blocks) of the files under `dir`.
 pub(super) fn walk_allocated(dir: &std::path::Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
@@ -60,7 +91,9 @@ pub(super) fn walk_allocated(dir: &std::path::Path) -> u64 {
 #[test]
 fn a_full_disk_stops_one_tenant_until_space_is_freed() {
     // Memtables of at most 16 MiB: what a stopped store must write out to take writes again.
-    let mut h = Host::new("diskfull").with_config("[store]\nwrite_buffers = \"16M\"\n");
+    // No reserve: the disk itself fills (as when something else fills it).
+    let mut h =
+        Host::new("diskfull").with_config("[store]\nwrite_buffers = \"16M\"\nreserve = \"0\"\n");
     let (fs, _fs) = small_ext4(h.root(), 128 << 20);
     h.data = fs.join("data");
     h.ok(&["init"]);
@@ -88,26 +121,8 @@ fn a_full_disk_stops_one_tenant_until_space_is_freed() {
 
     // a writes 1 MiB chunks, each synced, until the disk is full.
     use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(mps[0].join("big"))
-        .unwrap();
     let chunk = |i: u64| common::noise(1000 + i, 1 << 20);
-    let mut acked = 0u64;
-    let err = loop {
-        match f
-            .write_all_at(&chunk(acked), acked << 20)
-            .and_then(|()| f.sync_data())
-        {
-            Ok(()) => acked += 1,
-            Err(e) => break e,
-        }
-        assert!(acked < 1024, "the disk never filled up");
-    };
-    assert_eq!(err.raw_os_error(), Some(libc::ENOSPC), "{err}");
+    let (f, mut acked) = write_until_enospc(&mps[0].join("big"), chunk, 1024);
     assert!(acked > 10, "only {acked} MiB acknowledged");
     assert!(alive(pid), "the daemon died on a full disk");
     // The others keep serving reads; a still refuses writes.
@@ -161,4 +176,66 @@ fn a_full_disk_stops_one_tenant_until_space_is_freed() {
             "acknowledged MiB {i} of a is not what was written"
         );
     }
+}
+
+/// The host reserve: the data dir is on a 256 MiB loop ext4 with `reserve = "64M"`. Tenant a
+/// writes 1 MiB chunks, each synced, until ENOSPC: it stops with the reserve still free, and
+/// its store never saw a full disk (it stays writable). b, holding less, still writes; a
+/// still deletes, truncates and overwrites; nothing acknowledged is lost.
+#[test]
+fn a_tenant_at_the_host_reserve_gets_enospc_alone_and_can_delete() {
+    let mut h =
+        Host::new("reserve").with_config("[store]\nwrite_buffers = \"16M\"\nreserve = \"64M\"\n");
+    let (fs, _fs) = small_ext4(h.root(), 256 << 20);
+    h.data = fs.join("data");
+    h.ok(&["init"]);
+    let (ma, mb) = (h.dir("ma"), h.dir("mb"));
+    h.create_tenant("a");
+    h.create_tenant("b");
+    let d = start_daemon(&h, &h.root().join("notify"));
+    h.ok(&["mount", "a", ma.to_str().unwrap()]);
+    let _ga = h.guard("a", &ma, d.0.id());
+    h.ok(&["mount", "b", mb.to_str().unwrap()]);
+    let _gb = h.guard("b", &mb, d.0.id());
+    write_synced(&mb.join("small"), &common::noise(3, 1 << 20));
+    write_synced(&ma.join("early"), &common::noise(5, 64 << 10));
+
+    use std::os::unix::fs::FileExt;
+    let chunk = |i: u64| common::noise(2000 + i, 1 << 20);
+    let (f, mut acked) = write_until_enospc(&ma.join("big"), chunk, 256);
+    let free = nix::sys::statvfs::statvfs(&fs).unwrap();
+    let free = free.blocks_available() * free.fragment_size();
+    eprintln!("a stopped after {acked} MiB with {} MiB free", free >> 20);
+    assert!(acked > 64, "only {acked} MiB acknowledged");
+    assert!(
+        free >= 56 << 20,
+        "a ran into the reserve: {free} bytes free"
+    );
+    assert_eq!(mount_stats(&h, "a")["store"]["state"], "writable");
+    // b holds less: it still grows, and a's refusal did not touch it.
+    write_synced(&mb.join("more"), &common::noise(4, 4 << 20));
+    assert_eq!(mount_stats(&h, "b")["store"]["state"], "writable");
+    // a still deletes, truncates and overwrites in place: none of that grows it.
+    assert_eq!(
+        std::fs::write(ma.join("new"), b"x")
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::ENOSPC),
+        "a grew past the floor"
+    );
+    std::fs::remove_file(ma.join("early")).unwrap();
+    acked -= 8;
+    f.set_len(acked << 20).unwrap();
+    f.write_all_at(&chunk(0), 0).unwrap();
+    f.sync_all().unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    for i in 0..acked {
+        f.read_exact_at(&mut back, i << 20).unwrap();
+        assert!(
+            back == chunk(i),
+            "acknowledged MiB {i} of a is not what was written"
+        );
+    }
+    let log = std::fs::read_to_string(h.root().join("daemon.log")).unwrap_or_default();
+    assert!(!log.contains("tenant is read-only"), "{log}");
 }

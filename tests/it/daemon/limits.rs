@@ -151,7 +151,7 @@ fn limits_change_live_on_a_mounted_tenant() {
         ),
         (
             &["tenant", "set", "nobody", "--iops", "5"],
-            "no tenant nobody",
+            "unknown tenant nobody",
         ),
         (&["tenant", "set", "idle", "--iops", "5"], "is not mounted"),
     ] {

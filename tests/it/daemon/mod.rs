@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 mod disk;
 mod limits;
+mod quotas;
 mod restarts;
 mod transports;
 

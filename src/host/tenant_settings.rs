@@ -1,0 +1,113 @@
+//! Changes to a served tenant's settings while it is mounted: its I/O limits (per mount, in
+//! force until it is unmounted) and its quota (in its record too, so it holds at every later
+//! mount).
+
+use std::num::{NonZeroU32, NonZeroU64};
+use std::sync::Arc;
+
+use super::ServingHost;
+use crate::control::replies::{LimitsReply, MountLimits, QuotaReply};
+use crate::control::{Refusal, RefusalCode};
+use crate::quota::QuotaChange;
+use crate::tenants;
+use crate::volume::Volume;
+
+impl ServingHost {
+    /// Changes the I/O limits of every mount of `tenant` here (see `Request::SetLimits`).
+    pub fn set_limits(
+        &self,
+        tenant: &str,
+        iops: Option<u64>,
+        bandwidth: Option<u64>,
+    ) -> Result<LimitsReply, Refusal> {
+        let too_big = |what: &str| {
+            Refusal::new(
+                RefusalCode::BadRequest,
+                format!(
+                    "an {what} limit of more than {} is no limit: use 0 for none",
+                    u32::MAX
+                ),
+            )
+        };
+        let iops = match iops {
+            Some(n) => Some(NonZeroU32::new(
+                u32::try_from(n).map_err(|_| too_big("IOPS"))?,
+            )),
+            None => None,
+        };
+        let sessions: Vec<_> = self
+            .all_sessions()
+            .into_iter()
+            .filter(|s| s.tenant() == tenant)
+            .collect();
+        if sessions.is_empty() {
+            return Err(Refusal::new(
+                RefusalCode::NotServed,
+                format!("tenant {tenant} is not mounted by this process; its limits apply while it is mounted (-o iops=N,bandwidth=SIZE)"),
+            ));
+        }
+        let mut mounts = Vec::new();
+        for s in sessions {
+            let mut limits = s.limits();
+            if let Some(iops) = iops {
+                limits.iops = iops;
+            }
+            if let Some(bytes) = bandwidth {
+                limits.bandwidth = NonZeroU64::new(bytes);
+            }
+            if s.set_limits(limits) {
+                mounts.push(MountLimits {
+                    mountpoint: s.path().to_owned(),
+                    iops_limit: limits.iops.map(NonZeroU32::get),
+                    bandwidth_limit: limits.bandwidth.map(NonZeroU64::get),
+                });
+            }
+        }
+        Ok(LimitsReply {
+            tenant: tenant.to_owned(),
+            mounts,
+        })
+    }
+
+    /// Changes the quota of `tenant`, mounted here, in its record and at once (see
+    /// `Request::SetQuota`).
+    pub fn set_quota(
+        &self,
+        tenant: &str,
+        bytes: Option<u64>,
+        inodes: Option<u64>,
+    ) -> Result<QuotaReply, Refusal> {
+        let volumes: Vec<Arc<Volume>> = self
+            .all_sessions()
+            .into_iter()
+            .filter(|s| s.tenant() == tenant)
+            .filter_map(|s| s.volume())
+            .collect();
+        let Some(volume) = volumes.first() else {
+            return Err(Refusal::new(
+                RefusalCode::NotServed,
+                format!("tenant {tenant} is not mounted by this process"),
+            ));
+        };
+        let change = QuotaChange {
+            bytes: bytes.map(NonZeroU64::new),
+            inodes: inodes.map(NonZeroU64::new),
+        };
+        let quota = volume.quota().changed(change);
+        tenants::set_quota_of_open(&self.data, volume.tenant(), quota).map_err(|e| {
+            Refusal::new(
+                RefusalCode::Internal,
+                format!("tenant {tenant}: the quota was not changed: {e}"),
+            )
+        })?;
+        for v in &volumes {
+            v.set_quota(quota);
+        }
+        tracing::info!(tenant, ?quota, "quota set");
+        Ok(QuotaReply {
+            tenant: tenant.to_owned(),
+            quota,
+            usage: volume.usage(),
+        })
+    }
+}
