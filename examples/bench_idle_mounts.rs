@@ -9,7 +9,8 @@
 //!   1. daemon up, nothing mounted;
 //!   2. N mounts through the control socket (each mount timed: the daemon's own work, no
 //!      client process start);
-//!   3. every tenant used once (a 4 KiB file written, fsynced and read back), then idle;
+//!   3. every tenant used once (a 4 KiB file written, fsynced and read back), sampled at
+//!      once and again after the settle (idle stores' memtables are flushed by then);
 //!   4. the host cache released (`cache release`), as the governor would under pressure;
 //!   5. N unmounts through the socket (timed).
 //!
@@ -121,14 +122,22 @@ struct Sample {
     threads: Vec<(String, usize)>,
     files: usize,
     disk: u64,
+    /// What the host cache holds against its budget (memtables' charges included).
+    cache_used: u64,
 }
 
-fn sample(pid: u32, tenants: &std::path::Path) -> Sample {
+fn sample(b: &Bench, tenants: &std::path::Path) -> Sample {
+    let pid = b.pid();
+    let cache_used = match b.request(&Request::CacheStats) {
+        Reply::Cache(c) => c.cache.used_bytes,
+        other => panic!("cache_stats answered {other:?}"),
+    };
     Sample {
         rss: rss(pid),
         threads: threads(pid),
         files: open_files(pid),
         disk: allocated(tenants),
+        cache_used,
     }
 }
 
@@ -260,7 +269,7 @@ fn main() {
     let pid = b.pid();
     let tenants_dir = b.data.join("tenants");
     sleep(SETTLE);
-    let s0 = sample(pid, &tenants_dir);
+    let s0 = sample(&b, &tenants_dir);
 
     // 2. N mounts through the socket.
     let mut mount_ms = Vec::with_capacity(n);
@@ -275,7 +284,7 @@ fn main() {
         b.mounted.push(mp.clone());
     }
     sleep(SETTLE);
-    let s1 = sample(pid, &tenants_dir);
+    let s1 = sample(&b, &tenants_dir);
 
     // 3. Each tenant used once, then idle.
     let page = vec![0x5au8; 4096];
@@ -290,15 +299,16 @@ fn main() {
             .unwrap();
         assert_eq!(back, page);
     }
+    let s2_now = sample(&b, &tenants_dir);
     sleep(SETTLE);
-    let s2 = sample(pid, &tenants_dir);
+    let s2 = sample(&b, &tenants_dir);
 
     // 4. Caches given back, as under memory pressure.
     b.request(&Request::CacheRelease {
         bytes: u64::MAX / 2,
     });
     sleep(SETTLE);
-    let s3 = sample(pid, &tenants_dir);
+    let s3 = sample(&b, &tenants_dir);
 
     // 5. N unmounts through the socket.
     let mut umount_ms = Vec::with_capacity(n);
@@ -311,7 +321,7 @@ fn main() {
     }
     b.mounted.clear();
     sleep(SETTLE);
-    let s4 = sample(pid, &tenants_dir);
+    let s4 = sample(&b, &tenants_dir);
 
     // CLI: K mounts/unmounts and K no-op CLI requests, interleaved.
     let (mut cli_mount, mut cli_umount, mut cli_noop) = (vec![], vec![], vec![]);
@@ -358,28 +368,31 @@ fn main() {
     println!("Daemon (pid {pid}) and disk, {n} tenants:");
     println!();
     println!(
-        "| step | VmRSS MiB | RssAnon MiB | threads | open files | tenants' disk MiB | per mounted \
-         tenant vs step 1: KiB RSS / anon, threads, files | disk per tenant KiB |"
+        "| step | VmRSS MiB | RssAnon MiB | threads | open files | tenants' disk MiB | cache used \
+         MiB | per mounted tenant vs step 1: KiB RSS / anon, threads, files | disk per tenant \
+         KiB |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let rows = [
         ("1. daemon up, nothing mounted", &s0),
         ("2. all mounted, untouched", &s1),
         (
-            "3. each used once (4 KiB written, fsynced, read), idle",
-            &s2,
+            "3. each used once (4 KiB written, fsynced, read), at once",
+            &s2_now,
         ),
+        ("3. the same, idle for the settle time", &s2),
         ("4. after `cache release`", &s3),
         ("5. all unmounted", &s4),
     ];
     for (i, (what, s)) in rows.iter().enumerate() {
         println!(
-            "| {what} | {:.1} | {:.1} | {} | {} | {:.1} | {} | {:.0} |",
+            "| {what} | {:.1} | {:.1} | {} | {} | {:.1} | {:.1} | {} | {:.0} |",
             s.rss.total as f64 / MIB as f64,
             s.rss.anon as f64 / MIB as f64,
             count(&s.threads),
             s.files,
             s.disk as f64 / MIB as f64,
+            s.cache_used as f64 / MIB as f64,
             if i == 0 {
                 "-".to_owned()
             } else {

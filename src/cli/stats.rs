@@ -79,11 +79,32 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
         );
     }
     for m in &v.mounts {
+        if let Some(line) = quota_line(m) {
+            println!("{line}");
+        }
         if let Some(line) = not_writable(m) {
             println!("{line}");
         }
     }
     Ok(())
+}
+
+/// What a tenant with a quota takes of it (`--json` has it for every tenant: `usage`).
+fn quota_line(m: &MountReport) -> Option<String> {
+    let (quota, usage) = (m.quota?, m.usage?);
+    let part = |used: String, limit: Option<String>| match limit {
+        Some(limit) => format!("{used} of {limit}"),
+        None => used,
+    };
+    Some(format!(
+        "tenant {}: files take {} bytes in {} inodes",
+        m.tenant,
+        part(usage.bytes.to_string(), quota.bytes.map(|q| q.to_string())),
+        part(
+            usage.inodes.to_string(),
+            quota.inodes.map(|q| q.to_string())
+        ),
+    ))
 }
 
 /// One served tenant's line: a mount at its mountpoint, or a volume at its address.

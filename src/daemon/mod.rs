@@ -158,7 +158,8 @@ impl Daemon {
     }
 
     /// One round of looking after the mounts: retries waiting configured mounts that are due,
-    /// resumes stores that stopped for lack of space once there is room, and tells systemd.
+    /// resumes stores that stopped for lack of space once there is room, flushes idle
+    /// stores' memtables, and tells systemd.
     fn supervise(&self) {
         let now = Instant::now();
         let due: Vec<(PathBuf, WaitingMount)> = lock(&self.waiting)
@@ -195,6 +196,7 @@ impl Daemon {
         }
         self.retry_volumes();
         self.host.resume_stores();
+        self.host.flush_idle_stores();
         self.tell_systemd();
     }
 
@@ -386,6 +388,7 @@ pub fn run_one_mount(
     ready();
     while !session.wait(Some(SUPERVISE_EVERY)) {
         host.resume_stores();
+        host.flush_idle_stores();
     }
     session.join();
     drop(server);

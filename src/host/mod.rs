@@ -106,6 +106,10 @@ pub fn absolute(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_owned())
 }
 
+/// A store that wrote and then nothing for this long has its memtables flushed
+/// ([`ServingHost::flush_idle_stores`]).
+pub const IDLE_FLUSH_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// A serving process's shared resources and its sessions.
 pub struct ServingHost {
     data: DataDir,
@@ -461,21 +465,36 @@ impl ServingHost {
 
     /// Resumes stores that stopped for lack of space once there is room again.
     pub fn resume_stores(&self) {
-        // Outside the sessions lock: a resume flushes memtables, which can take a while.
+        self.each_store(|db| {
+            db.try_resume();
+        });
+    }
+
+    /// Flushes the memtables of stores that wrote and then nothing for [`IDLE_FLUSH_AFTER`]
+    /// (without waiting): an idle tenant's memtables stop holding part of the cache budget.
+    pub fn flush_idle_stores(&self) {
+        self.each_store(|db| {
+            db.flush_if_idle(IDLE_FLUSH_AFTER);
+        });
+    }
+
+    /// Calls `f` with the store of every served mount and volume, outside the sessions' lock
+    /// (a resume flushes memtables, which can take a while).
+    fn each_store(&self, f: impl Fn(&crate::store::TenantDb)) {
         let served: Vec<_> = self
             .all_sessions()
             .iter()
             .filter_map(|s| s.volume())
             .collect();
         for v in served {
-            v.tenant().db().try_resume();
+            f(v.tenant().db());
         }
         let devices: Vec<Arc<BlockDevice>> = lock(&self.exports)
             .values()
             .map(|e| e.device().clone())
             .collect();
         for d in devices {
-            d.volume().tenant().db().try_resume();
+            f(d.volume().tenant().db());
         }
     }
 

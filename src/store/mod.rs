@@ -6,6 +6,7 @@
 //! ([`StoreHost`]), and read and write with O_DIRECT where the filesystem allows it
 //! (`direct_io`).
 
+mod activity;
 pub mod direct_io;
 mod extent_io;
 mod extents;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, WriteBatch, DB};
 
+use super::activity::{FirstPut, WriteActivity};
 use super::extent_io::EnvPtr;
 use super::extents::{ExtentFileStats, ExtentFiles, ExtentSpan};
 use super::health::{StoreHealth, StoreState};
@@ -80,6 +81,8 @@ pub struct TenantDb {
     health: Arc<StoreHealth>,
     /// A write skipped the WAL since the last sync (see [`TenantDb::write_unlogged`]).
     unlogged: AtomicBool,
+    /// Writes since open: the put before the first, when the last was (see `activity`).
+    activity: WriteActivity,
     /// Bulk data beside the store (declared before `env`: it is dropped first).
     extents: Arc<ExtentFiles>,
     /// The encrypted Env the store and its extent files use (none for plaintext benchmarks).
@@ -181,6 +184,7 @@ impl TenantDb {
             direct_io,
             health,
             unlogged: AtomicBool::new(false),
+            activity: WriteActivity::new(),
             extents,
             _env: env,
         })
@@ -411,12 +415,57 @@ impl TenantDb {
 
     pub fn write(&self, batch: Batch<'_>) -> Result<(), StoreError> {
         self.resume_if_stopped()?;
+        self.before_write()?;
         let Batch { inner, written, .. } = batch;
         self.db
             .write(inner)
             .map_err(|e| self.write_error("write", e))?;
+        self.activity.wrote();
         written.into_iter().for_each(|f| f());
         Ok(())
+    }
+
+    /// Puts `value` at `key` of `family` in a logged write of its own just before the next
+    /// write of any kind (see `activity`): nothing written after it is durable without it.
+    pub fn put_before_first_write(&self, family: Family, key: &[u8], value: &[u8]) {
+        self.activity.put_before_first_write(FirstPut {
+            family,
+            key: key.to_vec(),
+            value: value.to_vec(),
+        });
+    }
+
+    /// Whether anything was written since the store opened.
+    pub fn written_since_open(&self) -> bool {
+        self.activity.written_since_open()
+    }
+
+    fn before_write(&self) -> Result<(), StoreError> {
+        self.activity.before_write(|first| {
+            let mut b = rocksdb::WriteBatch::default();
+            b.put_cf(self.cf(first.family), &first.key, &first.value);
+            self.db.write(b).map_err(|e| self.write_error("write", e))
+        })
+    }
+
+    /// Flushes the memtables, without waiting, if the store wrote and then nothing for
+    /// `idle`: what they hold goes to disk and their charge to the host cache is given back.
+    /// Whether it started a flush.
+    pub fn flush_if_idle(&self, idle: std::time::Duration) -> bool {
+        if !self.activity.take_idle(idle) {
+            return false;
+        }
+        let cfs: Vec<_> = Family::ALL.iter().map(|f| self.cf(*f)).collect();
+        let mut opts = rocksdb::FlushOptions::default();
+        opts.set_wait(false);
+        match self.db.flush_cfs_opt(&cfs, &opts) {
+            Ok(()) => true,
+            Err(e) => {
+                self.activity.flush_failed();
+                tracing::warn!(tenant = %self.tenant, error = %e, "idle flush failed");
+                false
+            }
+        }
     }
 
     /// [`Self::write`] without the WAL: for bulk data, which would otherwise be written twice
@@ -445,12 +494,14 @@ impl TenantDb {
 
     fn write_without_wal(&self, batch: Batch<'_>) -> Result<(), StoreError> {
         self.resume_if_stopped()?;
+        self.before_write()?;
         let mut opts = rocksdb::WriteOptions::default();
         opts.disable_wal(true);
         let Batch { inner, written, .. } = batch;
         self.db
             .write_opt(inner, &opts)
             .map_err(|e| self.write_error("write", e))?;
+        self.activity.wrote();
         written.into_iter().for_each(|f| f());
         Ok(())
     }

@@ -8,7 +8,8 @@
 //! changed nothing, and one that fails later gives its charge back when the charge drops.
 //!
 //! The counts live in memory while the volume is open. Closing stores them with a mark that
-//! they are whole; opening clears the mark (in the WAL, ahead of every later write), so a
+//! they are whole; the volume's first write clears the mark (a logged write just before it:
+//! `TenantDb::put_before_first_write`, so a mount that writes nothing writes nothing), so a
 //! volume that was not closed (kill -9, a crash) is counted again from its inode records at
 //! the next open, and the counts are exact either way. [`Volume::check_usage`] recounts on
 //! demand.
@@ -17,7 +18,7 @@
 //! the floor fails with ENOSPC as growth past the quota fails with EDQUOT.
 
 use std::num::NonZeroU64;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use super::codec::USAGE_KEY;
@@ -41,6 +42,8 @@ pub(super) struct Counts {
     quota_bytes: AtomicU64,
     quota_inodes: AtomicU64,
     space: OnceLock<Arc<HostSpace>>,
+    /// Counted again since open (the stored counts are out of date).
+    recounted: AtomicBool,
 }
 
 /// Bytes a file of `attr`'s kind and size is charged.
@@ -77,6 +80,7 @@ impl Counts {
             quota_bytes: AtomicU64::new(UNLIMITED),
             quota_inodes: AtomicU64::new(UNLIMITED),
             space: OnceLock::new(),
+            recounted: AtomicBool::new(false),
         };
         counts.set_quota(quota);
         counts
@@ -222,13 +226,22 @@ impl Volume {
             }
         };
         self.counts.set(usage);
-        self.db()
-            .put(Family::Meta, USAGE_KEY, &encode(usage, OPEN))?;
+        if stored.as_deref().and_then(decode_closed).is_some() {
+            // Not now: a mounted store that is never written stays without a memtable.
+            self.db()
+                .put_before_first_write(Family::Meta, USAGE_KEY, &encode(usage, OPEN));
+        } else {
+            self.counts.recounted.store(true, Ordering::Release);
+        }
         Ok(())
     }
 
-    /// At close: stores the counts as whole (the caller syncs).
+    /// At close: stores the counts as whole (the caller syncs), unless they are stored so
+    /// already (nothing was written, nothing counted again).
     pub(super) fn close_usage(&self) -> Result<()> {
+        if !self.db().written_since_open() && !self.counts.recounted.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let usage = self.counts.usage();
         self.db()
             .put(Family::Meta, USAGE_KEY, &encode(usage, CLOSED))?;
@@ -290,6 +303,7 @@ impl Volume {
         let before = self.counts.usage();
         let counted = self.count_usage()?;
         self.counts.set(counted);
+        self.counts.recounted.store(true, Ordering::Release);
         Ok((before, counted))
     }
 }

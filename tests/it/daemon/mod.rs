@@ -16,6 +16,7 @@ use crate::common::trees::{set_xattr, write_synced, xattrs};
 use std::time::{Duration, Instant};
 
 mod disk;
+mod idle;
 mod limits;
 mod quotas;
 mod restarts;

@@ -152,6 +152,11 @@ print(" ".join(out))
     assert_eq!(append(&mp, "g", 256, 6), "ok");
     assert_eq!(append(&mp, "g", 4, 6), "EDQUOT");
     assert_eq!(df(&mp), (256 << 10, 256 << 10, 6, 4));
+    let table = h.ok(&["stats"]);
+    assert!(
+        table.contains("tenant t: files take 262144 of 262144 bytes in 4 of 6 inodes"),
+        "{table}"
+    );
 
     // The quota is in the record: it holds after a remount, and the counts are exact after
     // a clean unmount and after kill -9 (counted again at the next mount).
