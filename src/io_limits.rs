@@ -21,9 +21,12 @@ pub struct IoLimits {
     pub iops: Option<NonZeroU32>,
     /// Bytes read and written a second.
     pub bandwidth: Option<NonZeroU64>,
+    /// The mount's weight among busy tenants (see `fair_share`); `None`: the default.
+    pub weight: Option<NonZeroU32>,
 }
 
 impl IoLimits {
+    /// No request or byte limit (a weight limits nothing).
     pub fn is_unlimited(&self) -> bool {
         self.iops.is_none() && self.bandwidth.is_none()
     }
@@ -124,7 +127,7 @@ mod tests {
     fn requests_and_bytes_wait_their_turn() {
         let t = Throttle::new(IoLimits {
             iops: NonZeroU32::new(1000),
-            bandwidth: None,
+            ..IoLimits::default()
         })
         .unwrap();
         let start = std::time::Instant::now();
@@ -139,8 +142,8 @@ mod tests {
         );
 
         let t = Throttle::new(IoLimits {
-            iops: None,
             bandwidth: NonZeroU64::new(8 << 20),
+            ..IoLimits::default()
         })
         .unwrap();
         let start = std::time::Instant::now();

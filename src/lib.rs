@@ -17,6 +17,7 @@ pub mod control;
 pub mod crypto;
 pub mod daemon;
 pub mod data_dir;
+pub mod fair_share;
 mod fs_util;
 pub mod fuse;
 pub mod host;

@@ -70,12 +70,14 @@ fn run(cli: Cli) -> Result<()> {
             bandwidth,
             quota_bytes,
             quota_inodes,
+            weight,
         }) => {
             let settings = cli::tenant::Settings {
                 iops: *iops,
                 bandwidth: *bandwidth,
                 quota_bytes: *quota_bytes,
                 quota_inodes: *quota_inodes,
+                weight: *weight,
             };
             cli::tenant::set(&cli, name, settings)
         }

@@ -198,8 +198,8 @@ pub enum TenantCommand {
     Delete { name: String },
     /// Change a tenant's settings: its quota (`--quota-bytes 10G`, `--quota-inodes N`, kept
     /// in its record, at once if it is mounted) and a mounted tenant's I/O limits on every
-    /// mount of it (`--iops` requests a second, `--bandwidth 100M` bytes a second);
-    /// `unlimited` removes a limit.
+    /// mount of it (`--iops` requests a second, `--bandwidth 100M` bytes a second, `--weight`
+    /// its share among busy tenants); `unlimited` removes a limit.
     Set {
         name: String,
         #[arg(long, value_parser = parse_iops, allow_hyphen_values = true)]
@@ -210,6 +210,9 @@ pub enum TenantCommand {
         quota_bytes: Option<Limit>,
         #[arg(long, value_parser = parse_quota_inodes, allow_hyphen_values = true)]
         quota_inodes: Option<Limit>,
+        /// Its weight among busy tenants of the daemon (1 to 10000; `default`: 100).
+        #[arg(long, value_parser = parse_weight, allow_hyphen_values = true)]
+        weight: Option<Limit>,
     },
 }
 
@@ -252,6 +255,20 @@ fn parse_bandwidth(s: &str) -> Result<Limit, String> {
             _ => Err(format!(
                 "{s:?} is not a bandwidth limit: give a positive size a second (100M, 1G), or \
                  unlimited"
+            )),
+        },
+    }
+}
+
+fn parse_weight(s: &str) -> Result<Limit, String> {
+    let max = tenantfs::fair_share::MAX_WEIGHT;
+    match s {
+        "default" => Ok(Limit::Unlimited),
+        _ => match s.parse::<u32>() {
+            Ok(n) if (1..=max).contains(&n) => Ok(Limit::At(n.into())),
+            _ => Err(format!(
+                "{s:?} is not a weight: give a whole number from 1 to {max}, or default ({})",
+                tenantfs::fair_share::DEFAULT_WEIGHT
             )),
         },
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use tenantfs::config::Config;
-use tenantfs::control::{ControlError, RefusalCode};
+use tenantfs::control::{ControlError, LimitsChange, RefusalCode};
 use tenantfs::data_dir::DataDir;
 use tenantfs::quota::{Quota, QuotaChange};
 use tenantfs::tenants;
@@ -175,6 +175,7 @@ pub struct Settings {
     pub bandwidth: Option<Limit>,
     pub quota_bytes: Option<Limit>,
     pub quota_inodes: Option<Limit>,
+    pub weight: Option<Limit>,
 }
 
 /// `tenant set NAME ...`: a quota goes into the tenant's record (through the process that
@@ -186,11 +187,18 @@ pub fn set(cli: &Cli, name: &str, settings: Settings) -> Result<()> {
         bandwidth,
         quota_bytes,
         quota_inodes,
+        weight,
     } = settings;
-    if iops.is_none() && bandwidth.is_none() && quota_bytes.is_none() && quota_inodes.is_none() {
+    let limits = LimitsChange {
+        iops: iops.map(Limit::wire),
+        bandwidth: bandwidth.map(Limit::wire),
+        weight: weight.map(Limit::wire),
+    };
+    if limits == LimitsChange::default() && quota_bytes.is_none() && quota_inodes.is_none() {
         anyhow::bail!(
             "say what to change: --quota-bytes SIZE, --quota-inodes N, --iops N (requests a \
-             second) or --bandwidth SIZE (bytes a second, e.g. 100M), or unlimited for any"
+             second), --bandwidth SIZE (bytes a second, e.g. 100M) or unlimited for any, or \
+             --weight N"
         );
     }
     tenants::info(&cli.data_dir, name)?;
@@ -202,8 +210,8 @@ pub fn set(cli: &Cli, name: &str, settings: Settings) -> Result<()> {
     if quota_bytes.is_some() || quota_inodes.is_some() {
         set_quota(cli, &servers, name, quota_bytes, quota_inodes)?;
     }
-    if iops.is_some() || bandwidth.is_some() {
-        set_limits(&servers, name, iops, bandwidth)?;
+    if limits != LimitsChange::default() {
+        set_limits(&servers, name, limits)?;
     }
     Ok(())
 }
@@ -271,12 +279,11 @@ fn quota_text(quota: &Quota) -> String {
 fn set_limits(
     servers: &[tenantfs::control::Client],
     name: &str,
-    iops: Option<Limit>,
-    bandwidth: Option<Limit>,
+    limits: LimitsChange,
 ) -> Result<()> {
     let mut mounts = Vec::new();
     for process in servers {
-        match process.set_limits(name, iops.map(Limit::wire), bandwidth.map(Limit::wire)) {
+        match process.set_limits(name, limits) {
             Ok(reply) => mounts.extend(reply.mounts),
             Err(e)
                 if e.refusal()
@@ -286,8 +293,8 @@ fn set_limits(
     }
     if mounts.is_empty() {
         anyhow::bail!(
-            "tenant {name} is not mounted: limits apply to a mounted tenant (mount it with \
-             -o iops=N,bandwidth=SIZE, or mount it and run this again)"
+            "tenant {name} is not mounted: limits and weights apply to a mounted tenant (mount \
+             it with -o iops=N,bandwidth=SIZE,weight=N, or mount it and run this again)"
         );
     }
     for m in mounts {
@@ -297,8 +304,9 @@ fn set_limits(
         let bandwidth = m
             .bandwidth_limit
             .map_or_else(|| "unlimited".to_owned(), |b| format!("{}/s", ByteSize(b)));
+        let weight = m.weight.unwrap_or(tenantfs::fair_share::DEFAULT_WEIGHT);
         println!(
-            "tenant {name} on {}: {iops} IOPS, {bandwidth}",
+            "tenant {name} on {}: {iops} IOPS, {bandwidth}, weight {weight}",
             m.mountpoint.display()
         );
     }

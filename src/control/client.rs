@@ -137,20 +137,19 @@ impl Client {
         call!(self, req, Umount)
     }
 
-    /// Changes `tenant`'s I/O limits on its mounts here (for each: None keeps it, 0 removes
-    /// it).
+    /// Changes `tenant`'s I/O limits and weight on its mounts here.
     pub fn set_limits(
         &self,
         tenant: &str,
-        iops: Option<u64>,
-        bandwidth: Option<u64>,
+        limits: LimitsChange,
     ) -> Result<LimitsReply, ControlError> {
         call!(
             self,
             Request::SetLimits {
                 tenant: tenant.to_owned(),
-                iops,
-                bandwidth,
+                iops: limits.iops,
+                bandwidth: limits.bandwidth,
+                weight: limits.weight,
             },
             Limits
         )
@@ -312,4 +311,13 @@ mod tests {
             "{sock}"
         );
     }
+}
+
+/// A change to a tenant's limits, as `set_limits` sends it: for each, None keeps it, 0
+/// removes it (the weight: back to the default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LimitsChange {
+    pub iops: Option<u64>,
+    pub bandwidth: Option<u64>,
+    pub weight: Option<u64>,
 }

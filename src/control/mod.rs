@@ -12,7 +12,7 @@ mod protocol;
 pub mod replies;
 mod server;
 
-pub use client::{probe, serving_sockets, Client, ControlError};
+pub use client::{probe, serving_sockets, Client, ControlError, LimitsChange};
 pub use protocol::{AttachVia, Refusal, RefusalCode, Reply, Request, Response};
 pub use server::{Handler, Server, SocketHandle};
 

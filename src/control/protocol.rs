@@ -50,13 +50,15 @@ pub enum Request {
     VolumeDetach { volume: String },
     /// Change the I/O limits of every mount of `tenant` this process serves, at once: for
     /// each limit, absent keeps it, 0 removes it, another number is the new limit (data
-    /// requests a second; bytes a second).
+    /// requests a second; bytes a second; the weight among busy tenants, 0 the default).
     SetLimits {
         tenant: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         iops: Option<u64>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         bandwidth: Option<u64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        weight: Option<u64>,
     },
     /// Change the quota of `tenant`, which this process serves, at once and in its record:
     /// for each part, absent keeps it, 0 removes it, another number is the new quota (bytes

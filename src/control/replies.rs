@@ -119,6 +119,9 @@ pub struct MountLimits {
     pub iops_limit: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_limit: Option<u64>,
+    /// Its weight among busy tenants, when one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
 }
 
 /// One served mount in [`StatsReply`].
@@ -138,6 +141,9 @@ pub struct MountReport {
     pub iops_limit: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_limit: Option<u64>,
+    /// Its weight among busy tenants, when one was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<u32>,
     /// The tenant's quota (absent: none) and what its files take (absent once the session
     /// has ended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -281,6 +287,7 @@ mod tests {
                     direct_io: Some(true),
                     iops_limit: Some(1000),
                     bandwidth_limit: None,
+                    weight: Some(300),
                     quota: Some(Quota {
                         bytes: std::num::NonZeroU64::new(1 << 30),
                         inodes: None,
@@ -298,6 +305,7 @@ mod tests {
                     direct_io: None,
                     iops_limit: None,
                     bandwidth_limit: None,
+                    weight: None,
                     quota: None,
                     usage: None,
                 },

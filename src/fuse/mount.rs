@@ -35,10 +35,12 @@ pub enum MountError {
     NotTenantfs { path: PathBuf, fstype: String },
     #[error("{0} is busy: a process still uses files under it (see `fuser -vm {0}`); stop it and try again")]
     Busy(PathBuf),
-    #[error("unknown mount option {0:?}: use cache=direct, cache=kernel, transport=auto, transport=uring, transport=dev, iops=N, bandwidth=SIZE, ro or rw")]
+    #[error("unknown mount option {0:?}: use cache=direct, cache=kernel, transport=auto, transport=uring, transport=dev, iops=N, bandwidth=SIZE, weight=N, ro or rw")]
     BadOption(String),
     #[error("mount option {0:?}: a limit is a positive number (iops=1000, bandwidth=100M: bytes a second); leave the option out for no limit")]
     BadLimit(String),
+    #[error("mount option {0:?}: a weight is a whole number from 1 to {max} (default {default}); a tenant with twice the weight of another gets twice its share when both are busy", max = crate::fair_share::MAX_WEIGHT, default = crate::fair_share::DEFAULT_WEIGHT)]
+    BadWeight(String),
     #[error("transport=uring asks for FUSE over io_uring, which this kernel has off: as root, `echo Y > {}` (Linux 6.14 or newer), or mount with transport=auto or transport=dev", ring::ENABLE_PARAMETER)]
     UringOff,
     #[error("cannot mount at {path}: {source}")]
@@ -81,6 +83,14 @@ impl MountOptions {
                     o.limits.bandwidth = Some(
                         n.and_then(|b| NonZeroU64::new(b.0))
                             .ok_or_else(|| bad_limit(l))?,
+                    );
+                }
+                w if w.starts_with("weight=") => {
+                    let n = w["weight=".len()..].parse::<u32>().ok();
+                    o.limits.weight = Some(
+                        n.filter(|n| *n <= crate::fair_share::MAX_WEIGHT)
+                            .and_then(NonZeroU32::new)
+                            .ok_or_else(|| MountError::BadWeight(w.to_owned()))?,
                     );
                 }
                 "rw" => o.read_only = false,
@@ -331,6 +341,25 @@ mod tests {
         assert_eq!(o.cache, CacheMode::Kernel);
         assert!(o.read_only);
         assert!(MountOptions::parse("cache=bogus").is_err());
+    }
+
+    #[test]
+    fn a_weight_is_a_whole_number_up_to_the_largest() {
+        let o = MountOptions::parse("weight=300").unwrap();
+        assert_eq!(o.limits.weight, NonZeroU32::new(300));
+        assert!(o.limits.is_unlimited(), "a weight limits nothing");
+        assert!(MountOptions::parse("weight=10000").is_ok());
+        for bad in [
+            "weight=0",
+            "weight=10001",
+            "weight=-1",
+            "weight=heavy",
+            "weight=",
+        ] {
+            let e = MountOptions::parse(bad).unwrap_err();
+            assert!(matches!(e, MountError::BadWeight(_)), "{bad}: {e}");
+            assert!(e.to_string().contains("from 1 to 10000"), "{e}");
+        }
     }
 
     #[test]

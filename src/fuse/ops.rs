@@ -15,6 +15,7 @@ use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
 use super::caller::CapabilityRemovals;
 use super::listing_prefetch::{self, ListingPrefetch};
 use super::notify::KernelNotifier;
+use crate::fair_share::{self, Share, Turn};
 use crate::io_limits::{IoLimits, Throttle};
 use crate::metrics::{MountMetrics, Op};
 use crate::volume::{
@@ -94,6 +95,8 @@ pub(crate) struct Operations {
     /// wait on them. Changed while mounted (`set_limits`); a request takes the buckets that
     /// are current when it comes.
     limits: RwLock<(IoLimits, Option<Arc<Throttle>>)>,
+    /// The mount's place in the process's fair queue (its weight: `limits.weight`).
+    share: Share,
     /// The kernel's capability removals not yet followed by their SETATTR (see `dispatch`).
     pub(crate) capability_removals: CapabilityRemovals,
 }
@@ -163,6 +166,7 @@ impl Operations {
             metrics,
             notifier: KernelNotifier::default(),
             limits: RwLock::new((IoLimits::default(), None)),
+            share: Share::new(None),
             capability_removals: CapabilityRemovals::default(),
         }
     }
@@ -173,8 +177,13 @@ impl Operations {
         self
     }
 
-    /// From now on, data requests are answered within `limits` (new, empty buckets).
+    /// From now on, data requests are answered within `limits` (new, empty buckets) and take
+    /// their turns by its weight (which engages the process's fair queue).
     pub(crate) fn set_limits(&self, limits: IoLimits) {
+        self.share.set_weight(limits.weight);
+        if limits.weight.is_some() {
+            fair_share::host().engage();
+        }
         let throttle = Throttle::new(limits).map(Arc::new);
         *self.limits.write().unwrap_or_else(|p| p.into_inner()) = (limits, throttle);
     }
@@ -184,18 +193,27 @@ impl Operations {
         self.limits.read().unwrap_or_else(|p| p.into_inner()).0
     }
 
-    /// Waits until a data request of `bytes` is within the mount's limits (the time it waits
-    /// is not counted as the request's own).
-    fn throttle(&self, bytes: u64) {
+    /// Waits until a data request of `bytes` is within the mount's limits, then for its turn
+    /// among the busy tenants' requests (the time it waits is not counted as the request's
+    /// own); the turn is held while the request is served.
+    fn admit(&self, bytes: u64) -> Turn<'_> {
         let throttle = self
             .limits
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .1
             .clone();
-        if let Some(t) = throttle {
-            self.metrics.record_throttled(t.wait(bytes));
+        let queue = fair_share::host();
+        if throttle.is_none() && !queue.is_engaged() {
+            return queue.enter(&self.share);
         }
+        let t = Instant::now();
+        if let Some(t) = &throttle {
+            t.wait(bytes);
+        }
+        let turn = queue.enter(&self.share);
+        self.metrics.record_throttled(t.elapsed());
+        turn
     }
 
     /// The mount's /dev/fuse, which notifications to the kernel go to.
@@ -420,7 +438,7 @@ impl Operations {
         size: u32,
         out: &mut Vec<u8>,
     ) -> Result<(), Errno> {
-        self.throttle(size.into());
+        let _turn = self.admit(size.into());
         let t = Instant::now();
         if offset == 0 {
             self.warm_after(ino);
@@ -451,7 +469,7 @@ impl Operations {
         len: u64,
     ) -> Result<u32, Errno> {
         let len = len.min(COPY_MAX);
-        self.throttle(len);
+        let _turn = self.admit(len);
         let t = Instant::now();
         if off_in == 0 {
             self.warm_after(ino_in);
@@ -489,7 +507,7 @@ impl Operations {
         data: &[u8],
         clearing: Option<Clearing<'_>>,
     ) -> Result<u32, Errno> {
-        self.throttle(data.len() as u64);
+        let _turn = self.admit(data.len() as u64);
         let t = Instant::now();
         let r = self.vol("write", |v| v.write_file(ino, offset, data, clearing));
         if let Ok((_, true)) = r {

@@ -22,7 +22,7 @@ use crate::control::replies::{
     TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply, VolumeReport,
 };
 pub use crate::control::AttachVia;
-use crate::control::{Refusal, RefusalCode, Reply, Request};
+use crate::control::{LimitsChange, Refusal, RefusalCode, Reply, Request};
 use crate::data_dir::DataDir;
 use crate::fuse::{MountError, MountOptions, Session};
 use crate::metrics::{self, HostNumbers, MountMetrics};
@@ -553,6 +553,7 @@ impl ServingHost {
                     store: store.map(|(s, _)| s),
                     iops_limit: s.limits().iops.map(NonZeroU32::get),
                     bandwidth_limit: s.limits().bandwidth.map(NonZeroU64::get),
+                    weight: s.limits().weight.map(NonZeroU32::get),
                     quota: s.volume().map(|v| v.quota()).filter(|q| !q.is_unlimited()),
                     usage: s.volume().map(|v| v.usage()),
                 }
@@ -627,7 +628,15 @@ impl ServingHost {
                 tenant,
                 iops,
                 bandwidth,
-            } => Reply::Limits(self.set_limits(&tenant, iops, bandwidth)?),
+                weight,
+            } => Reply::Limits(self.set_limits(
+                &tenant,
+                LimitsChange {
+                    iops,
+                    bandwidth,
+                    weight,
+                },
+            )?),
             Request::SetQuota {
                 tenant,
                 bytes,

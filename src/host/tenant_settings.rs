@@ -7,19 +7,20 @@ use std::sync::Arc;
 
 use super::ServingHost;
 use crate::control::replies::{LimitsReply, MountLimits, QuotaReply};
-use crate::control::{Refusal, RefusalCode};
+use crate::control::{LimitsChange, Refusal, RefusalCode};
+use crate::fair_share::MAX_WEIGHT;
 use crate::quota::QuotaChange;
 use crate::tenants;
 use crate::volume::Volume;
 
 impl ServingHost {
     /// Changes the I/O limits of every mount of `tenant` here (see `Request::SetLimits`).
-    pub fn set_limits(
-        &self,
-        tenant: &str,
-        iops: Option<u64>,
-        bandwidth: Option<u64>,
-    ) -> Result<LimitsReply, Refusal> {
+    pub fn set_limits(&self, tenant: &str, change: LimitsChange) -> Result<LimitsReply, Refusal> {
+        let LimitsChange {
+            iops,
+            bandwidth,
+            weight,
+        } = change;
         let too_big = |what: &str| {
             Refusal::new(
                 RefusalCode::BadRequest,
@@ -33,6 +34,16 @@ impl ServingHost {
             Some(n) => Some(NonZeroU32::new(
                 u32::try_from(n).map_err(|_| too_big("IOPS"))?,
             )),
+            None => None,
+        };
+        let weight = match weight {
+            Some(w) if w > u64::from(MAX_WEIGHT) => {
+                return Err(Refusal::new(
+                    RefusalCode::BadRequest,
+                    format!("a weight is at most {MAX_WEIGHT}: use 0 for the default"),
+                ))
+            }
+            Some(w) => Some(NonZeroU32::new(w as u32)),
             None => None,
         };
         let sessions: Vec<_> = self
@@ -55,11 +66,15 @@ impl ServingHost {
             if let Some(bytes) = bandwidth {
                 limits.bandwidth = NonZeroU64::new(bytes);
             }
+            if let Some(weight) = weight {
+                limits.weight = weight;
+            }
             if s.set_limits(limits) {
                 mounts.push(MountLimits {
                     mountpoint: s.path().to_owned(),
                     iops_limit: limits.iops.map(NonZeroU32::get),
                     bandwidth_limit: limits.bandwidth.map(NonZeroU64::get),
+                    weight: limits.weight.map(NonZeroU32::get),
                 });
             }
         }

@@ -125,6 +125,10 @@ fn limits_change_live_on_a_mounted_tenant() {
 
     h.ok(&["tenant", "set", "t", "--bandwidth", "unlimited"]);
     assert_eq!(in_force(), (None, None));
+    // A weight is not a limit: it shows, and changes nothing for a tenant alone.
+    let out = h.ok(&["tenant", "set", "t", "--weight", "300"]);
+    assert!(out.contains("weight 300"), "{out}");
+    assert_eq!(mount_stats(&h, "t")["weight"], 300);
     let free = fio_iops(&mp, "randwrite", 3);
     eprintln!("iops=1000: {at_1000:.0}; 2000: {at_2000:.0}; 4M/s: {at_4m:.0}; none: {free:.0}");
     assert!(
@@ -154,6 +158,8 @@ fn limits_change_live_on_a_mounted_tenant() {
             "unknown tenant nobody",
         ),
         (&["tenant", "set", "idle", "--iops", "5"], "is not mounted"),
+        (&["tenant", "set", "t", "--weight", "0"], "not a weight"),
+        (&["tenant", "set", "t", "--weight", "10001"], "not a weight"),
     ] {
         let err = h.fails(args);
         assert!(err.contains(says), "{args:?}: {err}");
@@ -163,4 +169,7 @@ fn limits_change_live_on_a_mounted_tenant() {
         (None, None),
         "a refused change changed something"
     );
+    assert_eq!(mount_stats(&h, "t")["weight"], 300);
+    h.ok(&["tenant", "set", "t", "--weight", "default"]);
+    assert!(mount_stats(&h, "t").get("weight").is_none());
 }
