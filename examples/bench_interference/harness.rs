@@ -270,6 +270,54 @@ impl Harness {
         self.neighbour = Some(child);
     }
 
+    /// The control for the daemon: a process on the daemon's CPU, in the cgroup, as busy as
+    /// the daemon's CPU was under the load generator (`busy_pct`) and holding as much memory
+    /// as the daemon did (`bytes`, every page touched), copying within it (memcpy, 1 MiB at a
+    /// time, in 10 ms periods busy for `busy_pct` of each), and doing no I/O.
+    pub(super) fn start_memcpy_neighbour(&mut self, bytes: u64, busy_pct: f64) {
+        const SCRIPT: &str = r#"
+import sys, time
+size, busy = max(int(sys.argv[1]), 4 << 20), min(float(sys.argv[2]), 100.0) / 100
+buf = bytearray(size)
+for i in range(0, size, 4096):
+    buf[i] = 1
+mv, half, chunk, period, off = memoryview(buf), size // 2, 1 << 20, 0.01, 0
+while True:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < period * busy:
+        a = off % (half - chunk)
+        mv[half + a:half + a + chunk] = mv[a:a + chunk]
+        off += chunk
+    rest = period - (time.monotonic() - t0)
+    if rest > 0:
+        time.sleep(rest)
+"#;
+        let child = in_cgroup(
+            &self.cg,
+            DAEMON_CPU,
+            Path::new("python3"),
+            &["-c", SCRIPT, &bytes.to_string(), &format!("{busy_pct:.1}")],
+        )
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("start memcpy control");
+        self.neighbour = Some(child);
+    }
+
+    /// The daemon's resident memory (VmRSS), bytes.
+    pub(super) fn daemon_rss(&self) -> u64 {
+        let pid = self.daemon.as_ref().expect("daemon runs").id();
+        fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().strip_suffix("kB"))
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+            .map_or(0, |kib| kib << 10)
+    }
+
     pub(super) fn stop_cpu_neighbour(&mut self) {
         if let Some(mut c) = self.neighbour.take() {
             let _ = c.kill();
