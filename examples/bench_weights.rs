@@ -13,122 +13,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread::sleep;
-use std::time::Duration;
+use std::path::Path;
+use std::process::Command;
 
-use common::{fio_side, median, tenantfs_bin};
-
-/// One daemon over a fresh data dir, with tenants `a` and `b` mounted with `options`.
-struct Daemon {
-    dir: tempfile::TempDir,
-    daemon: Child,
-    mounts: Vec<PathBuf>,
-}
-
-/// `tenantfs` on the data dir and config in `dir`.
-fn tenantfs(dir: &Path) -> Command {
-    let mut c = Command::new(tenantfs_bin());
-    c.arg("--data-dir")
-        .arg(dir.join("data"))
-        .arg("--config")
-        .arg(dir.join("cfg.toml"));
-    c
-}
-
-fn cli(dir: &Path, args: &[&str]) {
-    let out = tenantfs(dir).args(args).output().expect("tenantfs runs");
-    assert!(
-        out.status.success(),
-        "tenantfs {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Daemon {
-    fn start(budget: &str, options: [&str; 2]) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("bench-weights-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        std::fs::write(
-            dir.path().join("cfg.toml"),
-            format!("[cache]\nbudget = \"{budget}\"\n"),
-        )
-        .unwrap();
-        cli(dir.path(), &["init"]);
-        cli(dir.path(), &["tenant", "create", "a"]);
-        cli(dir.path(), &["tenant", "create", "b"]);
-        let daemon = tenantfs(dir.path())
-            .arg("daemon")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut d = Daemon {
-            daemon,
-            dir,
-            mounts: Vec::new(),
-        };
-        let socket = d.dir.path().join("data/tenantfs.sock");
-        for _ in 0..100 {
-            if socket.exists() {
-                break;
-            }
-            sleep(Duration::from_millis(50));
-        }
-        for (name, opts) in ["a", "b"].into_iter().zip(options) {
-            let mp = d.dir.path().join(format!("m{name}"));
-            std::fs::create_dir_all(&mp).unwrap();
-            let mps = mp.to_str().unwrap().to_owned();
-            if opts.is_empty() {
-                cli(d.dir.path(), &["mount", name, &mps]);
-            } else {
-                cli(d.dir.path(), &["mount", "-o", opts, name, &mps]);
-            }
-            d.mounts.push(mp);
-        }
-        d
-    }
-
-    fn mount(&self, i: usize) -> &Path {
-        &self.mounts[i]
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        for mp in &self.mounts {
-            let _ = Command::new("umount").arg(mp).status();
-        }
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.daemon.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.daemon.wait();
-    }
-}
-
-/// Writes `mib` MiB of noise to `path`, and reads it once (into the cache, if it fits).
-fn lay_out(path: &Path, mib: usize) {
-    use std::io::{Read, Write};
-    let mut rng = common::Rng::new(mib as u64);
-    let piece: Vec<u8> = (0..1 << 20).map(|_| rng.below(256) as u8).collect();
-    let mut f = std::fs::File::create(path).unwrap();
-    for i in 0..mib {
-        let mut p = piece.clone();
-        p[..8].copy_from_slice(&(i as u64).to_le_bytes());
-        f.write_all(&p).unwrap();
-    }
-    f.sync_all().unwrap();
-    let mut back = Vec::new();
-    std::fs::File::open(path)
-        .unwrap()
-        .read_to_end(&mut back)
-        .unwrap();
-    assert_eq!(back.len(), mib << 20);
-}
+use common::daemon::TwoTenants;
+use common::daemon::{lay_out, side_by_side};
+use common::median;
 
 /// fio 4 KiB random reads of `file` (`size`) with `jobs` jobs for `secs`.
 fn fio(file: &Path, size: &str, jobs: u32, secs: u32) -> Command {
@@ -150,22 +40,6 @@ fn fio(file: &Path, size: &str, jobs: u32, secs: u32) -> Command {
     c
 }
 
-/// Runs `a` and `b` at once: their (IOPS, p99 us).
-fn side_by_side(mut a: Command, mut b: Command) -> [(f64, f64); 2] {
-    let ta = std::thread::spawn(move || fio_side(&mut a, "a"));
-    let vb = fio_side(&mut b, "b");
-    let va = ta.join().unwrap();
-    [va, vb].map(|v| {
-        (
-            v["iops"].as_f64().unwrap(),
-            v["clat_ns"]["percentile"]["99.000000"]
-                .as_f64()
-                .unwrap_or(0.0)
-                / 1e3,
-        )
-    })
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let repeats: usize = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(3);
@@ -184,7 +58,7 @@ fn main() {
     ] {
         let (mut shares, mut totals) = (Vec::new(), Vec::new());
         for _ in 0..repeats {
-            let d = Daemon::start("1G", opts);
+            let d = TwoTenants::new("weights", "[cache]\nbudget = \"1G\"\n", opts);
             for i in 0..2 {
                 lay_out(&d.mount(i).join("f"), 256);
             }
@@ -218,7 +92,7 @@ fn main() {
     ] {
         let mut rows = Vec::new();
         for _ in 0..repeats {
-            let d = Daemon::start("256M", opts);
+            let d = TwoTenants::new("weights", "[cache]\nbudget = \"256M\"\n", opts);
             lay_out(&d.mount(0).join("f"), 1024);
             lay_out(&d.mount(1).join("f"), 64);
             rows.push(side_by_side(

@@ -36,14 +36,22 @@ pub struct Daemon {
 impl Daemon {
     /// Initialises a data dir under `dir`, creates `tenant` and starts the daemon.
     pub fn start(dir: &Path, tenant: &str) -> Daemon {
+        Self::start_with(dir, "[cache]\nbudget = \"2G\"\n", &[tenant])
+    }
+
+    /// Initialises a data dir under `dir` with `config`, creates `tenants` and starts the
+    /// daemon.
+    pub fn start_with(dir: &Path, config: &str, tenants: &[&str]) -> Daemon {
         fs::create_dir_all(dir).unwrap();
-        fs::write(dir.join("tenantfs.toml"), "[cache]\nbudget = \"2G\"\n").unwrap();
+        fs::write(dir.join("tenantfs.toml"), config).unwrap();
         let mut d = Daemon {
             child: None,
             dir: dir.to_owned(),
         };
         run(&mut d.cli(&["init"]));
-        run(&mut d.cli(&["tenant", "create", tenant]));
+        for tenant in tenants {
+            run(&mut d.cli(&["tenant", "create", tenant]));
+        }
         d.child = Some(
             d.cli(&["daemon"])
                 .stdout(Stdio::null())
@@ -77,6 +85,16 @@ impl Daemon {
     pub fn mount(&self, tenant: &str, mnt: &Path, transport: &str) {
         let o = format!("transport={transport}");
         run(&mut self.cli(&["mount", "-o", &o, tenant, mnt.to_str().unwrap()]));
+    }
+
+    /// Mounts `tenant` at `mnt` through this daemon with `options` (`-o`; none if empty).
+    pub fn mount_with(&self, tenant: &str, mnt: &Path, options: &str) {
+        let mnt = mnt.to_str().unwrap();
+        if options.is_empty() {
+            run(&mut self.cli(&["mount", tenant, mnt]));
+        } else {
+            run(&mut self.cli(&["mount", "-o", options, tenant, mnt]));
+        }
     }
 
     pub fn umount(&self, mnt: &Path) {
@@ -127,4 +145,82 @@ impl SideBySide {
             tmp,
         }
     }
+}
+
+/// Two tenants, `a` and `b`, of one daemon with `config`, each mounted with its options,
+/// under one temporary directory in /var/tmp; unmounted and the daemon stopped when dropped.
+pub struct TwoTenants {
+    pub daemon: Daemon,
+    mounts: [PathBuf; 2],
+    _tmp: tempfile::TempDir,
+}
+
+impl TwoTenants {
+    /// `name` names the temporary directory (`tenantfs-bench-NAME-*`).
+    pub fn new(name: &str, config: &str, options: [&str; 2]) -> Self {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("tenantfs-bench-{name}-"))
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let daemon = Daemon::start_with(&tmp.path().join("daemon"), config, &["a", "b"]);
+        let mounts = ["a", "b"].map(|t| tmp.path().join(format!("m{t}")));
+        for ((tenant, mnt), opts) in ["a", "b"].iter().zip(&mounts).zip(options) {
+            fs::create_dir_all(mnt).unwrap();
+            daemon.mount_with(tenant, mnt, opts);
+        }
+        Self {
+            daemon,
+            mounts,
+            _tmp: tmp,
+        }
+    }
+
+    /// Tenant `a`'s (0) or `b`'s (1) mount.
+    pub fn mount(&self, i: usize) -> &Path {
+        &self.mounts[i]
+    }
+}
+
+impl Drop for TwoTenants {
+    fn drop(&mut self) {
+        for mnt in &self.mounts {
+            let _ = self.daemon.cli(&["umount", mnt.to_str().unwrap()]).output();
+        }
+    }
+}
+
+/// Writes `mib` MiB of noise to `path`, and reads it once (into the cache, if it fits).
+pub fn lay_out(path: &Path, mib: usize) {
+    use std::io::{Read, Write};
+    let mut rng = super::Rng::new(mib as u64);
+    let piece: Vec<u8> = (0..1 << 20).map(|_| rng.below(256) as u8).collect();
+    let mut f = std::fs::File::create(path).unwrap();
+    for i in 0..mib {
+        let mut p = piece.clone();
+        p[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        f.write_all(&p).unwrap();
+    }
+    f.sync_all().unwrap();
+    let mut back = Vec::new();
+    std::fs::File::open(path)
+        .unwrap()
+        .read_to_end(&mut back)
+        .unwrap();
+    assert_eq!(back.len(), mib << 20);
+}
+
+/// Runs `a` and `b` at once: their (IOPS, p99 us).
+pub fn side_by_side(mut a: Command, mut b: Command) -> [(f64, f64); 2] {
+    let ta = std::thread::spawn(move || super::fio_side(&mut a, "a"));
+    let vb = super::fio_side(&mut b, "b");
+    let va = ta.join().unwrap();
+    [va, vb].map(|v| {
+        (
+            v["iops"].as_f64().unwrap(),
+            v["clat_ns"]["percentile"]["99.000000"]
+                .as_f64()
+                .unwrap_or(0.0)
+                / 1e3,
+        )
+    })
 }
