@@ -1,5 +1,5 @@
 //! How large should a file-data value be? The measurement before variable-length extents
-//! (issue 12: cold streaming is CPU-bound on per-4-KiB-value work).
+//! (cold streaming was CPU-bound on per-4-KiB-value work).
 //!
 //! For each value size, a fresh encrypted tenant store (the extents family as tenants use it:
 //! BlobDB, O_DIRECT, the host cache on slabs) takes a 1 GiB file as consecutive values,

@@ -1,4 +1,4 @@
-//! The data-path fio suite of issue 12 in one run: the same jobs on host ext4 and on a tenant
+//! The data-path fio suite in one run: the same jobs on host ext4 and on a tenant
 //! mount of one daemon (`[cache] budget = "2G"`), served once over FUSE's io_uring and once
 //! over /dev/fuse; ratios to ext4.
 //!

@@ -1,6 +1,6 @@
 //! Disk space per byte of file data after random rewrites of a file written in bulk: does the
-//! garbage the rewrites leave come back by itself? (Issue 12: "blob GC tuned so space comes
-//! back"; bulk writes go to extent files, random 4 KiB writes are folded into chunks that
+//! garbage the rewrites leave come back by itself? (The target: space comes back without a
+//! command; bulk writes go to extent files, random 4 KiB writes are folded into chunks that
 //! leave the extent files partly or wholly unnamed.)
 //!
 //! Three scenarios, each on host ext4 and on a tenant of its own served by one daemon, side by

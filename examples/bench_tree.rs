@@ -1,7 +1,7 @@
 //! A tree of small files through the daemon vs the same commands on host ext4, in one run:
 //! untar + sync, tar of the tree out, `cp -a` + sync, `git checkout` + sync and `rm -rf` +
 //! sync. The tree is /usr/include and /usr/share/doc of this machine (about 12,000 files;
-//! issue 12 asks each step to take at most 2x its ext4 time).
+//! the target is each step at most 2x its ext4 time).
 //!
 //! Every step starts cold: the page cache is dropped and the daemon's caches are released
 //! first. `tar c` writes into a pipe that this program drains (GNU tar skips reading files

@@ -1,6 +1,5 @@
-//! Bytes written to the disk per byte of a 1 GiB sequential file write (issue 12's acceptance:
-//! at most 3, "measured from the daemon's /proc/PID/io write_bytes after compaction
-//! settles").
+//! Bytes written to the disk per byte of a 1 GiB sequential file write (the target: at most
+//! 3, measured from the daemon's /proc/PID/io write_bytes after compaction settles).
 //!
 //! A tenant mounted through one daemon (`[cache] budget = "2G"`, other settings default)
 //! takes three passes over one file, each `fio --rw=write --bs=1M --end_fsync=1` of 1 GiB:
