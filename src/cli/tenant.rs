@@ -299,12 +299,17 @@ fn set_limits(
     }
     for m in mounts {
         let iops = m
+            .limits
             .iops_limit
             .map_or_else(|| "unlimited".to_owned(), |n| n.to_string());
         let bandwidth = m
+            .limits
             .bandwidth_limit
             .map_or_else(|| "unlimited".to_owned(), |b| format!("{}/s", ByteSize(b)));
-        let weight = m.weight.unwrap_or(tenantfs::fair_share::DEFAULT_WEIGHT);
+        let weight = m
+            .limits
+            .weight
+            .unwrap_or(tenantfs::fair_share::DEFAULT_WEIGHT);
         println!(
             "tenant {name} on {}: {iops} IOPS, {bandwidth}, weight {weight}",
             m.mountpoint.display()

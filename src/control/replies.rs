@@ -1,11 +1,13 @@
 //! One reply struct per control request: what the server sends and the CLI reads, field by
 //! field. `tenantfs stats --json` and `cache stats --json` print these same structs.
 
+use std::num::{NonZeroU32, NonZeroU64};
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
 use crate::cache::HostCacheStats;
+use crate::io_limits::IoLimits;
 use crate::metrics::MountActivity;
 use crate::pressure::GovernorStats;
 use crate::quota::{Quota, Usage};
@@ -115,13 +117,33 @@ pub struct QuotaReply {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MountLimits {
     pub mountpoint: PathBuf,
+    #[serde(flatten)]
+    pub limits: LimitsInForce,
+}
+
+/// The limits and weight in force on a mount, as replies show them (absent: none, or the
+/// default weight).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitsInForce {
+    /// Requests a second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iops_limit: Option<u32>,
+    /// Bytes a second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_limit: Option<u64>,
     /// Its weight among busy tenants, when one was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<u32>,
+}
+
+impl From<IoLimits> for LimitsInForce {
+    fn from(l: IoLimits) -> Self {
+        LimitsInForce {
+            iops_limit: l.iops.map(NonZeroU32::get),
+            bandwidth_limit: l.bandwidth.map(NonZeroU64::get),
+            weight: l.weight.map(NonZeroU32::get),
+        }
+    }
 }
 
 /// One served mount in [`StatsReply`].
@@ -136,14 +158,9 @@ pub struct MountReport {
     pub store: Option<StoreState>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct_io: Option<bool>,
-    /// Its I/O limits (requests and bytes a second; absent: none).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub iops_limit: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bandwidth_limit: Option<u64>,
-    /// Its weight among busy tenants, when one was given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub weight: Option<u32>,
+    /// Its I/O limits and weight.
+    #[serde(flatten)]
+    pub limits: LimitsInForce,
     /// The tenant's quota (absent: none) and what its files take (absent once the session
     /// has ended).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -285,9 +302,11 @@ mod tests {
                         needs_free_bytes: 2,
                     }),
                     direct_io: Some(true),
-                    iops_limit: Some(1000),
-                    bandwidth_limit: None,
-                    weight: Some(300),
+                    limits: LimitsInForce {
+                        iops_limit: Some(1000),
+                        bandwidth_limit: None,
+                        weight: Some(300),
+                    },
                     quota: Some(Quota {
                         bytes: std::num::NonZeroU64::new(1 << 30),
                         inodes: None,
@@ -303,9 +322,7 @@ mod tests {
                     activity: activity.clone(),
                     store: None,
                     direct_io: None,
-                    iops_limit: None,
-                    bandwidth_limit: None,
-                    weight: None,
+                    limits: LimitsInForce::default(),
                     quota: None,
                     usage: None,
                 },
@@ -343,6 +360,11 @@ mod tests {
         assert_eq!(v["mounts"][0]["ops"]["read"]["p99_us_le"], 64);
         assert_eq!(v["mounts"][0]["store"]["state"], "no_space");
         assert!(v["mounts"][1].get("store").is_none());
+        // Limits are fields of the mount itself on the wire, absent when none.
+        assert_eq!(v["mounts"][0]["iops_limit"], 1000);
+        assert_eq!(v["mounts"][0]["weight"], 300);
+        assert!(v["mounts"][0].get("bandwidth_limit").is_none());
+        assert!(v["mounts"][1].get("weight").is_none());
         assert_eq!(v["volumes"][0]["ops"]["read"]["calls"], 4);
         assert_eq!(v["volumes"][0]["connections"], 2);
         round_trip(Reply::VolumeAttach(VolumeAttachReply {

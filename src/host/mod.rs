@@ -6,7 +6,6 @@
 //! plain data.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::num::{NonZeroU32, NonZeroU64};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -551,9 +550,7 @@ impl ServingHost {
                     activity: s.metrics().summary(),
                     direct_io: store.as_ref().map(|(_, d)| *d),
                     store: store.map(|(s, _)| s),
-                    iops_limit: s.limits().iops.map(NonZeroU32::get),
-                    bandwidth_limit: s.limits().bandwidth.map(NonZeroU64::get),
-                    weight: s.limits().weight.map(NonZeroU32::get),
+                    limits: s.limits().into(),
                     quota: s.volume().map(|v| v.quota()).filter(|q| !q.is_unlimited()),
                     usage: s.volume().map(|v| v.usage()),
                 }

@@ -72,9 +72,7 @@ impl ServingHost {
             if s.set_limits(limits) {
                 mounts.push(MountLimits {
                     mountpoint: s.path().to_owned(),
-                    iops_limit: limits.iops.map(NonZeroU32::get),
-                    bandwidth_limit: limits.bandwidth.map(NonZeroU64::get),
-                    weight: limits.weight.map(NonZeroU32::get),
+                    limits: limits.into(),
                 });
             }
         }

@@ -15,14 +15,7 @@ fn idle_mounted_tenants_hold_little_disk() {
         h.create_tenant(n);
     }
     let d = start_daemon(&h, &h.root().join("notify"));
-    let _guards: Vec<_> = names
-        .iter()
-        .map(|n| {
-            let mp = h.dir(&format!("m-{n}"));
-            h.ok(&["mount", n, mp.to_str().unwrap()]);
-            h.guard(n, &mp, d.0.id())
-        })
-        .collect();
+    let _guards = mount_each(&h, &d, &names);
     // One of them used once: 4 KiB written and synced.
     write_synced(&h.root().join("m-i2/f"), &[7u8; 4096]);
     for n in names {
@@ -34,6 +27,24 @@ fn idle_mounted_tenants_hold_little_disk() {
             "idle mounted tenant {n} holds {bytes} bytes of disk"
         );
     }
+}
+
+/// A host whose data dir (with `tenants` in it) is on a loop-mounted ext4 of `bytes` of its
+/// own, with `config`; the filesystem's root and its mount (drop it after the host's users).
+fn on_small_disk(
+    prefix: &str,
+    config: &str,
+    bytes: u64,
+    tenants: &[&str],
+) -> (Host, std::path::PathBuf, common::guards::FsMount) {
+    let mut h = Host::new(prefix).with_config(config);
+    let (fs, mount) = small_ext4(h.root(), bytes);
+    h.data = fs.join("data");
+    h.ok(&["init"]);
+    for t in tenants {
+        h.create_tenant(t);
+    }
+    (h, fs, mount)
 }
 
 /// Writes MiB `i` of a new file `path` as `chunk(i)` says, each synced, until ENOSPC (at most
@@ -92,26 +103,17 @@ pub(super) fn walk_allocated(dir: &std::path::Path) -> u64 {
 fn a_full_disk_stops_one_tenant_until_space_is_freed() {
     // Memtables of at most 16 MiB: what a stopped store must write out to take writes again.
     // No reserve: the disk itself fills (as when something else fills it).
-    let mut h =
-        Host::new("diskfull").with_config("[store]\nwrite_buffers = \"16M\"\nreserve = \"0\"\n");
-    let (fs, _fs) = small_ext4(h.root(), 128 << 20);
-    h.data = fs.join("data");
-    h.ok(&["init"]);
+    let (h, fs, _fs) = on_small_disk(
+        "diskfull",
+        "[store]\nwrite_buffers = \"16M\"\nreserve = \"0\"\n",
+        128 << 20,
+        &["a", "b", "c"],
+    );
     let names = ["a", "b", "c"];
-    let mps: Vec<_> = names.iter().map(|n| h.dir(&format!("m{n}"))).collect();
-    for n in names {
-        h.create_tenant(n);
-    }
     let d = start_daemon(&h, &h.root().join("notify"));
     let pid = d.0.id();
-    let _guards: Vec<_> = names
-        .iter()
-        .zip(&mps)
-        .map(|(n, mp)| {
-            h.ok(&["mount", n, mp.to_str().unwrap()]);
-            h.guard(n, mp, pid)
-        })
-        .collect();
+    let guards = mount_each(&h, &d, &names);
+    let mps: Vec<_> = guards.iter().map(|g| g.path.clone()).collect();
     let b_data = common::noise(2, 1 << 20);
     write_synced(&mps[1].join("kept"), &b_data);
     std::fs::create_dir(mps[2].join("dir")).unwrap();
@@ -184,19 +186,15 @@ fn a_full_disk_stops_one_tenant_until_space_is_freed() {
 /// still deletes, truncates and overwrites; nothing acknowledged is lost.
 #[test]
 fn a_tenant_at_the_host_reserve_gets_enospc_alone_and_can_delete() {
-    let mut h =
-        Host::new("reserve").with_config("[store]\nwrite_buffers = \"16M\"\nreserve = \"64M\"\n");
-    let (fs, _fs) = small_ext4(h.root(), 256 << 20);
-    h.data = fs.join("data");
-    h.ok(&["init"]);
-    let (ma, mb) = (h.dir("ma"), h.dir("mb"));
-    h.create_tenant("a");
-    h.create_tenant("b");
+    let (h, fs, _fs) = on_small_disk(
+        "reserve",
+        "[store]\nwrite_buffers = \"16M\"\nreserve = \"64M\"\n",
+        256 << 20,
+        &["a", "b"],
+    );
     let d = start_daemon(&h, &h.root().join("notify"));
-    h.ok(&["mount", "a", ma.to_str().unwrap()]);
-    let _ga = h.guard("a", &ma, d.0.id());
-    h.ok(&["mount", "b", mb.to_str().unwrap()]);
-    let _gb = h.guard("b", &mb, d.0.id());
+    let guards = mount_each(&h, &d, &["a", "b"]);
+    let (ma, mb) = (guards[0].path.clone(), guards[1].path.clone());
     write_synced(&mb.join("small"), &common::noise(3, 1 << 20));
     write_synced(&ma.join("early"), &common::noise(5, 64 << 10));
 

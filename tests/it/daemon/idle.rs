@@ -23,14 +23,8 @@ fn idle_tenants_memtables_are_flushed_and_leave_the_cache() {
         h.create_tenant(n);
     }
     let d = start_daemon(&h, &h.root().join("notify"));
-    let mounts: Vec<_> = names
-        .iter()
-        .map(|n| {
-            let mp = h.dir(&format!("m-{n}"));
-            h.ok(&["mount", n, mp.to_str().unwrap()]);
-            h.guard(n, &mp, d.0.id())
-        })
-        .collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let mounts = mount_each(&h, &d, &names);
     let untouched = cache_used(&h);
     for m in &mounts {
         write_synced(&m.join("f"), &[7u8; 4096]);

@@ -429,6 +429,22 @@ fn a_log_that_cannot_be_written_is_not_fatal() {
 }
 
 /// Stats of the mount of `tenant` in `stats --json`.
+/// Mounts each of `tenants` at `m-NAME` in the temp dir through daemon `d`; guards for them.
+fn mount_each(
+    h: &Host,
+    d: &common::guards::Daemon,
+    tenants: &[&str],
+) -> Vec<common::guards::Mount> {
+    tenants
+        .iter()
+        .map(|n| {
+            let mp = h.dir(&format!("m-{n}"));
+            h.ok(&["mount", n, mp.to_str().unwrap()]);
+            h.guard(n, &mp, d.0.id())
+        })
+        .collect()
+}
+
 fn mount_stats(h: &Host, tenant: &str) -> serde_json::Value {
     let st: serde_json::Value = serde_json::from_str(&h.ok(&["stats", "--json"])).unwrap();
     st["mounts"]
