@@ -130,6 +130,11 @@ pub struct SideBySide {
 impl SideBySide {
     /// `name` names the temporary directory (`tenantfs-bench-NAME-*`); `tenant` is created.
     pub fn new(name: &str, tenant: &str) -> Self {
+        Self::new_with(name, tenant, "[cache]\nbudget = \"2G\"\n")
+    }
+
+    /// [`Self::new`] with the daemon's `config`.
+    pub fn new_with(name: &str, tenant: &str, config: &str) -> Self {
         let tmp = tempfile::Builder::new()
             .prefix(&format!("tenantfs-bench-{name}-"))
             .tempdir_in("/var/tmp")
@@ -137,7 +142,7 @@ impl SideBySide {
         let (host, mnt) = (tmp.path().join("host"), tmp.path().join("mnt"));
         fs::create_dir_all(&host).unwrap();
         fs::create_dir_all(&mnt).unwrap();
-        let daemon = Daemon::start(&tmp.path().join("daemon"), tenant);
+        let daemon = Daemon::start_with(&tmp.path().join("daemon"), config, &[tenant]);
         Self {
             daemon,
             host,

@@ -111,8 +111,11 @@ pub fn timed(dur: Duration, mut op: impl FnMut()) -> Latencies {
 }
 
 /// The `tenantfs` binary next to the running example (target/<profile>/examples/X ->
-/// target/<profile>/tenantfs).
+/// target/<profile>/tenantfs), or `$TENANTFS_BIN` (an A/B against another build).
 pub fn tenantfs_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("TENANTFS_BIN") {
+        return PathBuf::from(bin);
+    }
     let exe = std::env::current_exe().expect("current_exe");
     let bin = exe
         .parent()

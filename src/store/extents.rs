@@ -40,43 +40,170 @@ const POOL_FILES: usize = 4;
 const MAX_READ: u64 = 4 << 20;
 const SUFFIX: &str = "ext";
 
-/// Where a run of bytes is: file number, offset in the file's body, length, and the XXH3 of
-/// the bytes (AES-CTR does not detect a changed byte: this does, as blob records' checksums do).
+/// Bytes each piece checksum of a span covers: the least a read takes from disk alone.
+pub const PIECE: u32 = 4096;
+/// Pieces in the largest span (a 64 KiB chunk).
+const MAX_PIECES: usize = (64 << 10) / PIECE as usize;
+
+/// Where a run of bytes is: file number, offset in the file's body, length, and checksums of
+/// the bytes (AES-CTR does not detect a changed byte: these do, as blob records' checksums do).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ExtentSpan {
     pub file: u64,
     pub offset: u64,
     pub len: u32,
-    pub checksum: u64,
+    pub check: SpanCheck,
 }
 
-/// The checksum a span carries of its bytes.
+/// A span's checksums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SpanCheck {
+    /// The XXH3-64 of the whole span (spans written before pieces): read whole only.
+    Whole(u64),
+    /// The low 32 bits of the XXH3-64 of each [`PIECE`] (the last one maybe shorter; unused
+    /// entries 0): a read of a few pieces of a span reads and checks only those (a 4 KiB
+    /// random read costs a 4 KiB disk read, not 64 KiB). 32 bits per 4 KiB, as btrfs's
+    /// crc32c: a damaged piece passes once in 4 billion.
+    Pieces([u32; MAX_PIECES]),
+}
+
+/// The whole-span checksum of `bytes`.
 fn checksum(bytes: &[u8]) -> u64 {
     twox_hash::XxHash3_64::oneshot(bytes)
 }
 
-impl ExtentSpan {
-    pub const ENCODED_LEN: usize = 28;
+/// The checksum of one piece.
+fn piece_sum(bytes: &[u8]) -> u32 {
+    checksum(bytes) as u32
+}
 
-    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
-        let mut b = [0u8; Self::ENCODED_LEN];
-        b[..8].copy_from_slice(&self.file.to_be_bytes());
-        b[8..16].copy_from_slice(&self.offset.to_be_bytes());
-        b[16..20].copy_from_slice(&self.len.to_be_bytes());
-        b[20..].copy_from_slice(&self.checksum.to_be_bytes());
+impl SpanCheck {
+    /// The piece checksums of `bytes` (at most [`MAX_PIECES`] pieces).
+    fn pieces(bytes: &[u8]) -> Self {
+        let mut sums = [0u32; MAX_PIECES];
+        for (sum, piece) in sums.iter_mut().zip(bytes.chunks(PIECE as usize)) {
+            *sum = piece_sum(piece);
+        }
+        SpanCheck::Pieces(sums)
+    }
+}
+
+impl ExtentSpan {
+    /// The length of [`Self::encode`] for a span with a whole checksum.
+    pub const WHOLE_LEN: usize = 28;
+
+    fn pieces(&self) -> usize {
+        self.len.div_ceil(PIECE) as usize
+    }
+
+    /// file ‖ offset ‖ len ‖ the whole checksum (8 bytes) or one 4-byte checksum per piece,
+    /// all big-endian. Which of the two an encoding holds is the caller's to record (its
+    /// length does not tell: a two-piece span's is 28 bytes as well).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(20 + 4 * MAX_PIECES);
+        b.extend_from_slice(&self.file.to_be_bytes());
+        b.extend_from_slice(&self.offset.to_be_bytes());
+        b.extend_from_slice(&self.len.to_be_bytes());
+        match &self.check {
+            SpanCheck::Whole(sum) => b.extend_from_slice(&sum.to_be_bytes()),
+            SpanCheck::Pieces(sums) => {
+                for sum in &sums[..self.pieces()] {
+                    b.extend_from_slice(&sum.to_be_bytes());
+                }
+            }
+        }
         b
     }
 
-    pub fn decode(b: &[u8]) -> Option<Self> {
-        if b.len() != Self::ENCODED_LEN {
+    /// A span encoded with its whole checksum.
+    pub fn decode_whole(b: &[u8]) -> Option<Self> {
+        let (file, offset, len, rest) = Self::decode_head(b)?;
+        let check = SpanCheck::Whole(u64::from_be_bytes(rest.try_into().ok()?));
+        Some(Self {
+            file,
+            offset,
+            len,
+            check,
+        })
+    }
+
+    /// A span encoded with piece checksums.
+    pub fn decode_pieces(b: &[u8]) -> Option<Self> {
+        let (file, offset, len, rest) = Self::decode_head(b)?;
+        let n = len.div_ceil(PIECE) as usize;
+        if n > MAX_PIECES || rest.len() != 4 * n {
             return None;
         }
+        let mut sums = [0u32; MAX_PIECES];
+        for (sum, bytes) in sums.iter_mut().zip(rest.chunks_exact(4)) {
+            *sum = u32::from_be_bytes(bytes.try_into().ok()?);
+        }
         Some(Self {
-            file: u64::from_be_bytes(b[..8].try_into().ok()?),
-            offset: u64::from_be_bytes(b[8..16].try_into().ok()?),
-            len: u32::from_be_bytes(b[16..20].try_into().ok()?),
-            checksum: u64::from_be_bytes(b[20..].try_into().ok()?),
+            file,
+            offset,
+            len,
+            check: SpanCheck::Pieces(sums),
         })
+    }
+
+    fn decode_head(b: &[u8]) -> Option<(u64, u64, u32, &[u8])> {
+        if b.len() < 20 {
+            return None;
+        }
+        Some((
+            u64::from_be_bytes(b[..8].try_into().ok()?),
+            u64::from_be_bytes(b[8..16].try_into().ok()?),
+            u32::from_be_bytes(b[16..20].try_into().ok()?),
+            &b[20..],
+        ))
+    }
+
+    /// What a read of bytes `[lo, hi)` of the span takes from it: the whole pieces around
+    /// them, or the whole span when it has one checksum.
+    fn cover(&self, lo: u32, hi: u32) -> (u32, u32) {
+        match self.check {
+            SpanCheck::Pieces(_) if lo < hi && hi <= self.len => (
+                lo / PIECE * PIECE,
+                (hi.div_ceil(PIECE) * PIECE).min(self.len),
+            ),
+            _ => (0, self.len),
+        }
+    }
+
+    /// Whether `bytes`, the span's bytes from `at` (a cover's start), match its checksums.
+    fn verify(&self, at: u32, bytes: &[u8]) -> bool {
+        let fits = u64::from(at) + bytes.len() as u64 <= u64::from(self.len);
+        match &self.check {
+            SpanCheck::Whole(sum) => {
+                at == 0 && bytes.len() == self.len as usize && checksum(bytes) == *sum
+            }
+            SpanCheck::Pieces(sums) => {
+                let first = (at / PIECE) as usize;
+                fits && at.is_multiple_of(PIECE)
+                    && bytes
+                        .chunks(PIECE as usize)
+                        .zip(&sums[first..])
+                        .all(|(piece, sum)| piece_sum(piece) == *sum)
+            }
+        }
+    }
+}
+
+/// Bytes `[lo, hi)` of a span, to read.
+#[derive(Clone, Copy, Debug)]
+pub struct SpanPart {
+    pub span: ExtentSpan,
+    pub lo: u32,
+    pub hi: u32,
+}
+
+impl SpanPart {
+    pub fn whole(span: ExtentSpan) -> Self {
+        Self {
+            span,
+            lo: 0,
+            hi: span.len,
+        }
     }
 }
 
@@ -196,12 +323,16 @@ impl ExtentFiles {
     }
 
     /// Hands `data` (a multiple of 4 KiB) to the open extent file's writer and returns where
-    /// each `piece` bytes of it will be (a span per piece, the last one maybe shorter): its
+    /// each `span_len` bytes of it will be (a span each, the last one maybe shorter): its
     /// disk space is reserved, its bytes are written in the background (a read of the span
     /// waits for them, a sync or a memtable flush makes them durable first).
     /// After a failure the file is closed (what it held before stays readable) and the next
     /// append starts a new one: a failed append returns no span.
-    pub(crate) fn append(&self, data: &[u8], piece: usize) -> Result<Vec<ExtentSpan>, StoreError> {
+    pub(crate) fn append(
+        &self,
+        data: &[u8],
+        span_len: usize,
+    ) -> Result<Vec<ExtentSpan>, StoreError> {
         assert!(
             data.len().is_multiple_of(ALIGN) && !data.is_empty() && data.len() <= u32::MAX as usize
         );
@@ -242,13 +373,16 @@ impl ExtentFiles {
         fail::fail_point!("extent-appended");
         let start = o.size;
         let spans = data
-            .chunks(piece.max(1))
+            .chunks(span_len.max(1))
             .enumerate()
             .map(|(nth, bytes)| ExtentSpan {
                 file: number,
-                offset: start + (nth * piece) as u64,
+                offset: start + (nth * span_len) as u64,
                 len: bytes.len() as u32,
-                checksum: checksum(bytes),
+                check: match bytes.len() <= MAX_PIECES * PIECE as usize {
+                    true => SpanCheck::pieces(bytes),
+                    false => SpanCheck::Whole(checksum(bytes)),
+                },
             })
             .collect();
         o.size += data.len() as u64;
@@ -419,9 +553,118 @@ impl ExtentFiles {
     pub(crate) fn read(
         &self,
         spans: &[ExtentSpan],
-        f: impl FnMut(usize, &[u8]),
+        mut f: impl FnMut(usize, &[u8]),
     ) -> Result<(), StoreError> {
-        self.read_spans(spans, true, f)
+        let parts: Vec<SpanPart> = spans.iter().copied().map(SpanPart::whole).collect();
+        self.fetch(&parts, true, |i, _, bytes| f(i, bytes))
+    }
+
+    /// Calls `f(i, at, bytes)` with bytes of each of `parts` from the cache or from disk (and
+    /// then cached): `bytes` are the span's from offset `at` and hold at least the part asked
+    /// for (whole pieces, or the whole span: what the cache held or what a read had to take
+    /// to check them). A part of a span with piece checksums costs a read of its pieces only.
+    /// The caller holds [`Self::read_guard`] since it looked the spans up.
+    pub(crate) fn read_parts(
+        &self,
+        parts: &[SpanPart],
+        f: impl FnMut(usize, u32, &[u8]),
+    ) -> Result<(), StoreError> {
+        self.fetch(parts, true, f)
+    }
+
+    /// [`Self::read_parts`], caching what the disk gives only if `keep`.
+    fn fetch(
+        &self,
+        parts: &[SpanPart],
+        keep: bool,
+        mut f: impl FnMut(usize, u32, &[u8]),
+    ) -> Result<(), StoreError> {
+        // Parts not in the cache: (part, cover start, cover end).
+        let mut missed: Vec<(usize, u32, u32)> = Vec::new();
+        for (i, p) in parts.iter().enumerate() {
+            let s = p.span;
+            if p.lo >= p.hi {
+                continue; // nothing asked
+            }
+            let hit = self
+                .cache
+                .with_raw(&self.cache_key(s.file, s.offset), |bytes| {
+                    (bytes.len() == s.len as usize).then(|| f(i, 0, bytes))
+                });
+            if hit.flatten().is_some() {
+                continue;
+            }
+            let (lo, hi) = s.cover(p.lo, p.hi);
+            if (lo, hi) != (0, s.len) {
+                // Pieces cached by an earlier read of this part.
+                let key = self.cache_key(s.file, s.offset + u64::from(lo));
+                let hit = self.cache.with_raw(&key, |bytes| {
+                    (bytes.len() >= (hi - lo) as usize).then(|| f(i, lo, bytes))
+                });
+                if hit.flatten().is_some() {
+                    continue;
+                }
+            }
+            missed.push((i, lo, hi));
+        }
+        let start_of = |&(i, lo, _): &(usize, u32, u32)| {
+            let s = parts[i].span;
+            (s.file, s.offset + u64::from(lo))
+        };
+        missed.sort_by_key(start_of);
+        let mut at = 0;
+        while at < missed.len() {
+            let (file, start) = start_of(&missed[at]);
+            let mut end = start + u64::from(missed[at].2 - missed[at].1);
+            let mut upto = at + 1;
+            while upto < missed.len() {
+                let (f2, s2) = start_of(&missed[upto]);
+                if f2 != file || s2 != end || end - start >= MAX_READ {
+                    break;
+                }
+                end += u64::from(missed[upto].2 - missed[upto].1);
+                upto += 1;
+            }
+            self.wait_written(file)?;
+            let reader = self.reader(file)?;
+            let len = (end - start) as usize;
+            let mut buf = read_buffer(len);
+            let n = reader
+                .read(start, &mut buf, len)
+                .map_err(|d| self.error("read", file, d))?;
+            if n < len {
+                return Err(self.corrupt(
+                    file,
+                    format!(
+                        "it ends at {} bytes, a reference names {} bytes from {}",
+                        start + n as u64,
+                        len,
+                        start
+                    ),
+                ));
+            }
+            for &(i, lo, hi) in &missed[at..upto] {
+                let s = parts[i].span;
+                let from = (s.offset + u64::from(lo) - start) as usize;
+                let bytes = &buf[from..from + (hi - lo) as usize];
+                if !s.verify(lo, bytes) {
+                    let detail = format!(
+                        "the {} bytes at {} do not match their checksum",
+                        hi - lo,
+                        s.offset + u64::from(lo)
+                    );
+                    return Err(self.corrupt(s.file, detail));
+                }
+                if keep {
+                    self.cache
+                        .insert_raw(&self.cache_key(s.file, s.offset + u64::from(lo)), bytes);
+                }
+                f(i, lo, bytes);
+            }
+            keep_read_buffer(buf);
+            at = upto;
+        }
+        Ok(())
     }
 
     /// Caches `bytes` as the bytes of `span`: what a read of the span does, and what a writer
@@ -445,8 +688,14 @@ impl ExtentFiles {
     /// Whether the bytes of `span` are in the cache.
     #[cfg(test)]
     pub(crate) fn is_cached(&self, span: &ExtentSpan) -> bool {
-        let key = self.cache_key(span.file, span.offset);
-        self.cache.with_raw(&key, |_| ()).is_some()
+        self.cached_len(span.file, span.offset).is_some()
+    }
+
+    /// How many bytes from `offset` of file `file` the cache holds under that offset.
+    #[cfg(test)]
+    pub(crate) fn cached_len(&self, file: u64, offset: u64) -> Option<usize> {
+        let key = self.cache_key(file, offset);
+        self.cache.with_raw(&key, |bytes| bytes.len())
     }
 
     /// [`Self::read`] for bytes about to be moved to another file: what the disk gives is not
@@ -454,84 +703,10 @@ impl ExtentFiles {
     pub(crate) fn read_to_move(
         &self,
         spans: &[ExtentSpan],
-        f: impl FnMut(usize, &[u8]),
-    ) -> Result<(), StoreError> {
-        self.read_spans(spans, false, f)
-    }
-
-    fn read_spans(
-        &self,
-        spans: &[ExtentSpan],
-        keep: bool,
         mut f: impl FnMut(usize, &[u8]),
     ) -> Result<(), StoreError> {
-        let mut missed: Vec<usize> = Vec::new();
-        for (i, s) in spans.iter().enumerate() {
-            let key = self.cache_key(s.file, s.offset);
-            let hit = self.cache.with_raw(&key, |bytes| {
-                if bytes.len() == s.len as usize {
-                    f(i, bytes);
-                    true
-                } else {
-                    false
-                }
-            });
-            if hit != Some(true) {
-                missed.push(i);
-            }
-        }
-        missed.sort_by_key(|&i| (spans[i].file, spans[i].offset));
-        let mut at = 0;
-        while at < missed.len() {
-            let first = spans[missed[at]];
-            let mut end = first.offset + u64::from(first.len);
-            let mut upto = at + 1;
-            while upto < missed.len() {
-                let s = spans[missed[upto]];
-                if s.file != first.file || s.offset != end || end - first.offset >= MAX_READ {
-                    break;
-                }
-                end += u64::from(s.len);
-                upto += 1;
-            }
-            self.wait_written(first.file)?;
-            let reader = self.reader(first.file)?;
-            let len = (end - first.offset) as usize;
-            let mut buf = read_buffer(len);
-            let n = reader
-                .read(first.offset, &mut buf, len)
-                .map_err(|d| self.error("read", first.file, d))?;
-            if (n as u64) < end - first.offset {
-                return Err(self.corrupt(
-                    first.file,
-                    format!(
-                        "it ends at {} bytes, a reference names {} bytes from {}",
-                        first.offset + n as u64,
-                        end - first.offset,
-                        first.offset
-                    ),
-                ));
-            }
-            for &i in &missed[at..upto] {
-                let s = spans[i];
-                let lo = (s.offset - first.offset) as usize;
-                let bytes = &buf[lo..lo + s.len as usize];
-                if checksum(bytes) != s.checksum {
-                    let detail = format!(
-                        "the {} bytes at {} do not match their checksum",
-                        s.len, s.offset
-                    );
-                    return Err(self.corrupt(s.file, detail));
-                }
-                if keep {
-                    self.keep_cached(&s, bytes);
-                }
-                f(i, bytes);
-            }
-            keep_read_buffer(buf);
-            at = upto;
-        }
-        Ok(())
+        let parts: Vec<SpanPart> = spans.iter().copied().map(SpanPart::whole).collect();
+        self.fetch(&parts, false, |i, _, bytes| f(i, bytes))
     }
 
     /// The first file a collection must leave alone: the open file, or the next one. Taken

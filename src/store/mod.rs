@@ -19,7 +19,7 @@ mod tenant_db;
 use std::path::{Path, PathBuf};
 
 pub(crate) use extent_io::ALIGN as EXTENT_ALIGN;
-pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan};
+pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan, SpanCheck, SpanPart, PIECE};
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
 pub use tenant_db::{Batch, BlobSpace, Encryption, Entry, Family, OpenMode, TenantDb};

@@ -189,3 +189,150 @@ impl ChunkAt<'_> {
         Ok(Some(replaced))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::codec::{chunk_key, decode_chunk, stored_chunk, Chunk};
+    use super::super::{FileKind, Owner, TestStore, Volume, VolumeError, ROOT_INO};
+    use crate::store::{ExtentSpan, Family, SpanCheck, PIECE};
+
+    const CHUNK: u64 = 64 << 10;
+    /// What the key provider puts before an extent file's body.
+    const PREFIX: u64 = 4096;
+
+    fn noise(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn span_of(vol: &Volume, ino: u64, chunk: u64) -> ExtentSpan {
+        let value = vol
+            .tenant()
+            .db()
+            .get(Family::Extents, &chunk_key(ino, chunk * CHUNK / 4096))
+            .unwrap()
+            .expect("a chunk value");
+        match decode_chunk(&value) {
+            Some(Chunk::Stored(span)) => span,
+            other => panic!("chunk {chunk} is not in an extent file: {other:?}"),
+        }
+    }
+
+    /// Flips one byte of extent file `file`'s body at `offset`.
+    fn flip(store: &TestStore, file: u64, offset: u64) {
+        let name = format!("{file:08}.ext");
+        let path = walk(store.root())
+            .into_iter()
+            .find(|p| p.file_name().is_some_and(|n| n == name.as_str()))
+            .expect("the extent file");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[(PREFIX + offset) as usize] ^= 0x10;
+        std::fs::write(&path, &bytes).unwrap();
+    }
+
+    fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            match p.is_dir() {
+                true => out.extend(walk(&p)),
+                false => out.push(p),
+            }
+        }
+        out
+    }
+
+    fn is_checksum_error(r: Result<Vec<u8>, VolumeError>) -> bool {
+        match r {
+            Err(VolumeError::Store(e)) => e.is_corruption() && e.to_string().contains("checksum"),
+            other => panic!("not a checksum failure: {:?}", other.map(|b| b.len())),
+        }
+    }
+
+    /// A random read of a few KiB of a chunk in an extent file reads, checks and caches only
+    /// the 4 KiB pieces it covers: a damaged piece fails the reads that take it and no other;
+    /// a whole read of the chunk fails on it. A chunk value of format 4 (one checksum for the
+    /// chunk) is read whole and checked whole.
+    #[test]
+    fn random_reads_take_only_their_pieces_and_check_them() {
+        let store = TestStore::new();
+        let (ino, model) = {
+            let vol = store.open();
+            let owner = Owner { uid: 0, gid: 0 };
+            let ino = vol
+                .mknod(ROOT_INO, b"f", FileKind::File, 0o644, owner, 0)
+                .unwrap()
+                .ino;
+            let model = noise(1 << 20, 7);
+            vol.write(ino, 0, &model).unwrap();
+            vol.fsync().unwrap();
+            (ino, model)
+        };
+        let piece = u64::from(PIECE);
+        let (damaged, old) = {
+            let vol = store.open();
+            let damaged = span_of(&vol, ino, 2);
+            assert!(matches!(damaged.check, SpanCheck::Pieces(_)), "{damaged:?}");
+            // Chunk 3 as format 4 wrote it: one checksum of the whole span.
+            let mut old = span_of(&vol, ino, 3);
+            let bytes = &model[(3 * CHUNK) as usize..(3 * CHUNK) as usize + old.len as usize];
+            old.check = SpanCheck::Whole(twox_hash::XxHash3_64::oneshot(bytes));
+            let db = vol.tenant().db();
+            db.put(
+                Family::Extents,
+                &chunk_key(ino, 3 * CHUNK / 4096),
+                &stored_chunk(old),
+            )
+            .unwrap();
+            db.sync().unwrap();
+            (damaged, old)
+        };
+        flip(&store, damaged.file, damaged.offset + 5 * piece + 100);
+
+        let vol = store.open();
+        let files = vol.tenant().db().extent_files();
+        // Pieces read last to first: every read is a random one.
+        for p in (0..16u64).rev() {
+            let at = 2 * CHUNK + p * piece;
+            let r = vol.read(ino, at + 10, 3000);
+            match p {
+                5 => assert!(is_checksum_error(r), "piece 5"),
+                _ => assert!(r.unwrap() == model[(at + 10) as usize..(at + 3010) as usize]),
+            }
+        }
+        assert_eq!(
+            files.cached_len(damaged.file, damaged.offset + 7 * piece),
+            Some(4096)
+        );
+        assert_eq!(
+            files.cached_len(damaged.file, damaged.offset + 5 * piece),
+            None
+        );
+        // Two pieces in one read, one disk read.
+        let at = 2 * CHUNK + 9 * piece + 4000;
+        assert!(vol.read(ino, at, 200).unwrap() == model[at as usize..at as usize + 200]);
+        assert!(is_checksum_error(vol.read(ino, 2 * CHUNK, CHUNK as u32)));
+
+        // Format 4: the whole chunk read (and cached) for 4 KiB of it.
+        let at = 3 * CHUNK + 6 * piece;
+        assert!(vol.read(ino, at, 4096).unwrap() == model[at as usize..at as usize + 4096]);
+        assert_eq!(
+            files.cached_len(old.file, old.offset),
+            Some(old.len as usize)
+        );
+        drop(vol);
+        flip(&store, old.file, old.offset + 12 * piece);
+        let vol = store.open();
+        assert!(is_checksum_error(vol.read(ino, at, 4096)), "format 4 chunk");
+        // The chunks around are whole and read back.
+        let at = (4 * CHUNK) as usize;
+        assert!(vol.read(ino, at as u64, 8192).unwrap() == model[at..at + 8192]);
+    }
+}

@@ -20,10 +20,14 @@
 //!                   a chunk splits it into block keys. A read takes the chunk and block
 //!                   keys of its range; a block key, where both exist, wins.
 //!                   (Format 3; format 2 stores hold block keys only and are read as they are.)
-//!            or, for a chunk of a bulk write (format 4): extent span (file u64 BE ‖ offset
-//!                   u64 BE ‖ length u32 BE ‖ XXH3 of the bytes u64 BE) ‖ 2 ‖ 0x00: the chunk's bytes are in the store's
-//!                   extent file `file` from `offset` (see `store::extents`), written there
-//!                   before this value was.
+//!            or, for a chunk of a bulk write (format 5): extent span (file u64 BE ‖ offset
+//!                   u64 BE ‖ length u32 BE ‖ per 4 KiB piece the low 32 bits of its XXH3,
+//!                   u32 BE each) ‖ 3 ‖ 0x00: the chunk's bytes are in the store's extent file
+//!                   `file` from `offset` (see `store::extents`), written there before this
+//!                   value was; a read checks only the pieces it takes.
+//!                   Format 4 wrote (file ‖ offset ‖ length ‖ XXH3 of the whole span u64 BE)
+//!                   ‖ 2 ‖ 0x00, read whole; such values are read as they are, and a chunk
+//!                   moved by extent collection is written in the new form.
 //!          Values of 2 KiB and more are kept in RocksDB blob files (BlobDB): written once at
 //!          flush, never rewritten by compaction, read with O_DIRECT (see `store::host`).
 //! meta     "volume"                          -> format version (u32 BE) ‖ block size (u32 BE)
@@ -41,15 +45,16 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::{Attr, FileKind};
-use crate::store::ExtentSpan;
+use crate::store::{ExtentSpan, SpanCheck};
 
 pub(crate) const VOLUME_KEY: &[u8] = b"volume";
-/// Version 4: a chunk value may name its bytes in an extent file (tag 2). Version 3 added chunk
-/// keys (a 64 KiB value for a whole aligned run) beside block keys; versions 2 (block keys
-/// only) and 3 read the same way and are taken over by writing 4 at open (a binary of format 3
-/// would misread a stored chunk, so it refuses a store of format 4). Version 1 put a leading
-/// tag byte before every extent value and is refused.
-pub(crate) const FORMAT_VERSION: u32 = 4;
+/// Version 5: a chunk value in an extent file may carry a checksum per 4 KiB piece (tag 3).
+/// Version 4 added chunk values naming their bytes in an extent file (tag 2, one checksum);
+/// version 3 chunk keys (a 64 KiB value for a whole aligned run) beside block keys. Versions 2
+/// (block keys only) to 4 read the same way and are taken over by writing 5 at open (an older
+/// binary would misread or refuse a newer value, so it refuses the store by its version).
+/// Version 1 put a leading tag byte before every extent value and is refused.
+pub(crate) const FORMAT_VERSION: u32 = 5;
 /// The oldest format a store is migrated from (by rewriting its version: its keys read as they
 /// are).
 pub(crate) const FORMAT_MIGRATES_FROM: u32 = 2;
@@ -60,8 +65,11 @@ const ATTR_VERSION: u8 = 1;
 const ATTR_FIXED: usize = 84;
 
 pub(crate) const EXTENT_BASE: u8 = 1;
-/// Tag of a chunk value that names its bytes in an extent file (format 4).
+/// Tag of a chunk value that names its bytes in an extent file with one checksum (format 4).
 pub(crate) const EXTENT_STORED: u8 = 2;
+/// Tag of a chunk value that names its bytes in an extent file with a checksum per 4 KiB
+/// piece (format 5).
+pub(crate) const EXTENT_STORED_PIECES: u8 = 3;
 /// Present while a tree from a base image is being grafted into a new volume.
 pub(crate) const GRAFTING_KEY: &[u8] = b"grafting";
 /// What the files take, stored at close (see `usage`).
@@ -223,10 +231,13 @@ pub(crate) enum Chunk<'a> {
 }
 
 /// The value of a chunk whose bytes were written into an extent file at `span`.
-pub(crate) fn stored_chunk(span: ExtentSpan) -> [u8; ExtentSpan::ENCODED_LEN + 2] {
-    let mut v = [0u8; ExtentSpan::ENCODED_LEN + 2];
-    v[..ExtentSpan::ENCODED_LEN].copy_from_slice(&span.encode());
-    v[ExtentSpan::ENCODED_LEN] = EXTENT_STORED;
+pub(crate) fn stored_chunk(span: ExtentSpan) -> Vec<u8> {
+    let mut v = span.encode();
+    v.push(match span.check {
+        SpanCheck::Whole(_) => EXTENT_STORED,
+        SpanCheck::Pieces(_) => EXTENT_STORED_PIECES,
+    });
+    v.push(0);
     v
 }
 
@@ -234,7 +245,8 @@ pub(crate) fn stored_chunk(span: ExtentSpan) -> [u8; ExtentSpan::ENCODED_LEN + 2
 pub(crate) fn decode_chunk(value: &[u8]) -> Option<Chunk<'_>> {
     match value {
         [.., last] if *last != 0 => Some(Chunk::Bytes(value)),
-        [span @ .., EXTENT_STORED, 0] => ExtentSpan::decode(span).map(Chunk::Stored),
+        [span @ .., EXTENT_STORED, 0] => ExtentSpan::decode_whole(span).map(Chunk::Stored),
+        [span @ .., EXTENT_STORED_PIECES, 0] => ExtentSpan::decode_pieces(span).map(Chunk::Stored),
         _ => None,
     }
 }

@@ -25,7 +25,7 @@ use super::{
     now, privileges, usage, Attr, Clearing, Fallocate, FileKind, Result, Volume, VolumeError,
     MULTI_GET_BLOCKS, UNLOGGED_WRITE_MIN,
 };
-use crate::store::{Batch, ExtentSpan, Family};
+use crate::store::{Batch, ExtentSpan, Family, SpanPart};
 
 /// The most keys `durable_deletes` deletes one by one (1 MiB of 4 KiB blocks).
 const DURABLE_DELETES_MAX: u64 = 256;
@@ -66,6 +66,7 @@ impl ReadRange {
         c: u64,
         chunk_blocks: u64,
         value: &[u8],
+        at: usize,
     ) {
         for index in c.max(self.first)..(c + chunk_blocks).min(self.last + 1) {
             if overlaid[(index - self.first) as usize] {
@@ -73,7 +74,11 @@ impl ReadRange {
             }
             let (to, from) = self.span(index);
             let base = ((index - c) * self.bs) as usize;
-            let (lo, hi) = (base + from.start, base + from.end);
+            debug_assert!(
+                base + from.start >= at,
+                "bytes from {at} miss a block's start"
+            );
+            let (lo, hi) = (base + from.start - at, base + from.end - at);
             let have = value.get(lo..value.len().min(hi)).unwrap_or(&[]);
             let (data, zeros) = out[to].split_at_mut(have.len());
             data.copy_from_slice(have);
@@ -456,7 +461,7 @@ impl Volume {
                     Some(Chunk::Bytes(bytes)) if bytes.len() as u64 <= self.chunk_blocks * bs => {
                         chunks_met.push(c);
                         // Blocks whose keys come later overwrite their part of `out`.
-                        range.place_chunk(out, &overlaid, c, self.chunk_blocks, bytes);
+                        range.place_chunk(out, &overlaid, c, self.chunk_blocks, bytes, 0);
                         Ok(())
                     }
                     Some(Chunk::Stored(span)) if u64::from(span.len) <= self.chunk_blocks * bs => {
@@ -506,9 +511,23 @@ impl Volume {
         }
         if !stored.is_empty() {
             // After every lookup: the blocks over these chunks are all known.
-            let spans: Vec<ExtentSpan> = stored.iter().map(|(_, s)| *s).collect();
-            extent_files.read(&spans, |i, bytes| {
-                range.place_chunk(out, &overlaid, stored[i].0, self.chunk_blocks, bytes);
+            // A random read takes only the pieces it covers; others whole chunks, which the
+            // reads after them will want.
+            let parts: Vec<SpanPart> = stored
+                .iter()
+                .map(|&(c, span)| match plan.random {
+                    true => {
+                        let at = c * bs;
+                        let lo = offset.saturating_sub(at).min(u64::from(span.len)) as u32;
+                        let hi = (end - at).min(u64::from(span.len)) as u32;
+                        SpanPart { span, lo, hi }
+                    }
+                    false => SpanPart::whole(span),
+                })
+                .collect();
+            extent_files.read_parts(&parts, |i, at, bytes| {
+                let (c, chunk_blocks) = (stored[i].0, self.chunk_blocks);
+                range.place_chunk(out, &overlaid, c, chunk_blocks, bytes, at as usize);
             })?;
         }
         for c in chunks_met {

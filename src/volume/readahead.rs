@@ -55,6 +55,8 @@ pub(crate) struct Plan {
     pub sync_end: u64,
     /// Byte range to fetch in the background.
     pub background: Option<(u64, u64)>,
+    /// The read is not where the last one of the file ended: read no more than it asks.
+    pub random: bool,
 }
 
 /// Per-volume stream positions and background fetches.
@@ -85,6 +87,7 @@ impl Readahead {
             return Plan {
                 sync_end: end,
                 background: None,
+                random: true,
             };
         }
         if offset == 0 {
@@ -110,6 +113,7 @@ impl Readahead {
         Plan {
             sync_end,
             background,
+            random: false,
         }
     }
 
@@ -451,7 +455,8 @@ mod tests {
                 p,
                 Plan {
                     sync_end: off + 4 * K,
-                    background: None
+                    background: None,
+                    random: true,
                 }
             );
         }

@@ -326,7 +326,7 @@ fn a_store_of_the_old_data_format_is_refused() {
     for part in [
         "tenant old",
         "data format 1",
-        "reads formats 2 to 4",
+        "reads formats 2 to 5",
         "copy the files out",
     ] {
         assert!(msg.contains(part), "{part:?} not in {msg:?}");
@@ -468,7 +468,8 @@ fn chunks_take_writes_holes_and_truncation() {
 }
 
 /// A store of data format 2 (block keys only) is taken over: its files read as before and its
-/// version becomes 3, so an older tenantfs will not open it. A newer format is refused.
+/// version becomes the current one, so an older tenantfs will not open it. Formats 3 and 4
+/// (chunk values with one checksum) read as they are. A newer format is refused.
 #[test]
 fn a_store_of_format_2_is_migrated_and_a_newer_one_refused() {
     let t = TestHost::new(DirectIo::Auto);
@@ -503,25 +504,31 @@ fn a_store_of_format_2_is_migrated_and_a_newer_one_refused() {
     let vol = open_volume(&t, "two");
     assert!(vol.read(a.ino, 0, 1 << 20).unwrap() == data);
     drop(vol);
-    assert_eq!(format(), 4, "the version was not moved on");
+    assert_eq!(format(), 5, "the version was not moved on");
     // Format 3 (no extent files) reads as it is, too.
     set_format(3);
     let vol = open_volume(&t, "two");
     assert!(vol.read(a.ino, 0, 1 << 20).unwrap() == data);
     drop(vol);
-    assert_eq!(format(), 4, "the version was not moved on from 3");
-    set_format(5);
+    assert_eq!(format(), 5, "the version was not moved on from 3");
+    // Format 4 (chunk values with one checksum) reads as it is.
+    set_format(4);
+    let vol = open_volume(&t, "two");
+    assert!(vol.read(a.ino, 0, 1 << 20).unwrap() == data);
+    drop(vol);
+    assert_eq!(format(), 5, "the version was not moved on from 4");
+    set_format(6);
     let err = Volume::open(tenants::open(&t.data, &t.host, "two").unwrap())
         .err()
         .expect("a newer-format store opened");
     let msg = err.to_string();
     for part in [
         "tenant two",
-        "data format 5",
+        "data format 6",
         "newer tenantfs",
-        "reads formats 2 to 4",
+        "reads formats 2 to 5",
     ] {
         assert!(msg.contains(part), "{part:?} not in {msg:?}");
     }
-    assert_eq!(format(), 5, "a refused store was changed");
+    assert_eq!(format(), 6, "a refused store was changed");
 }
