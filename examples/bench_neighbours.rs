@@ -139,8 +139,10 @@ fn main() {
         let run = |loud_job: &[&str]| {
             let d = TwoTenants::new("neighbours", &config, ["", ""]);
             let (qf, lf) = (d.mount(0).join("f"), d.mount(1).join("f"));
-            lay_out(&qf, mib);
+            // The loud tenant's file first: the quiet one's, read back last, is what the cache
+            // holds.
             lay_out(&lf, 1024);
+            lay_out(&qf, mib);
             side_by_side(
                 fio(&qf, size, secs, quiet_job),
                 fio(&lf, "1G", secs, loud_job),

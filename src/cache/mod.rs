@@ -7,10 +7,12 @@
 //! `rocks`: the RocksDB block cache that every tenant store shares, its blocks in the same
 //! slabs (`rocks_lru`: its raw handles, built by the store's C++ shim).
 //! `host`: the one budget over both host caches.
+//! `recent_misses`: which raw entries were missed in part lately (read whole on a second).
 
 pub mod blocks;
 pub mod host;
 pub mod malloc;
+mod recent_misses;
 pub mod rocks;
 mod rocks_lru;
 pub mod slab;

@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use super::recent_misses::RecentMisses;
 use super::rocks_lru::SlabLruCache;
 use super::slab::{AddressedSlabs, SlabAllocator};
 
@@ -33,6 +34,7 @@ pub struct RocksBlockCache {
 struct Inner {
     lru: SlabLruCache,
     slabs: Arc<AddressedSlabs>,
+    part_misses: RecentMisses,
 }
 
 impl RocksBlockCache {
@@ -42,7 +44,11 @@ impl RocksBlockCache {
         // -1: RocksDB picks the shard count from the capacity.
         let lru = SlabLruCache::new(capacity, -1, slabs.clone());
         Self {
-            inner: Arc::new(Inner { lru, slabs }),
+            inner: Arc::new(Inner {
+                lru,
+                slabs,
+                part_misses: RecentMisses::default(),
+            }),
         }
     }
 
@@ -103,6 +109,13 @@ impl RocksBlockCache {
     /// while it is pinned.
     pub fn with_raw<R>(&self, key: &[u8], f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         self.inner.lru.raw_lookup(key).map(|hit| f(&hit))
+    }
+
+    /// Records that a part of the raw entry under `key` was missed (and read alone); whether
+    /// another part of it was missed lately, within a turn of the cache: then the caller
+    /// reads and caches the entry whole (see `recent_misses`).
+    pub fn part_missed_again(&self, key: &[u8]) -> bool {
+        self.inner.part_misses.missed_again(key, self.capacity())
     }
 
     pub(crate) fn lru(&self) -> &SlabLruCache {

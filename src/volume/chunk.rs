@@ -257,8 +257,9 @@ mod tests {
     }
 
     /// A random read of a few KiB of a chunk in an extent file reads, checks and caches only
-    /// the 4 KiB pieces it covers: a damaged piece fails the reads that take it and no other;
-    /// a whole read of the chunk fails on it. A chunk value of format 4 (one checksum for the
+    /// the 4 KiB pieces it covers; a second such read of the chunk soon after reads it whole
+    /// (its pieces are wanted). A damaged piece fails the reads that take it and no other; a
+    /// whole read of the chunk fails on it. A chunk value of format 4 (one checksum for the
     /// chunk) is read whole and checked whole.
     #[test]
     fn random_reads_take_only_their_pieces_and_check_them() {
@@ -298,31 +299,57 @@ mod tests {
 
         let vol = store.open();
         let files = vol.tenant().db().extent_files();
-        // Pieces read last to first: every read is a random one.
-        for p in (0..16u64).rev() {
-            let at = 2 * CHUNK + p * piece;
-            let r = vol.read(ino, at + 10, 3000);
-            match p {
-                5 => assert!(is_checksum_error(r), "piece 5"),
-                _ => assert!(r.unwrap() == model[(at + 10) as usize..(at + 3010) as usize]),
-            }
-        }
+        let read = |at: u64, len: u32| vol.read(ino, at, len);
+        let model_at = |at: u64, len: u32| &model[at as usize..(at + u64::from(len)) as usize];
+        // (Each read below is a random one: not where the last one ended.)
+        // One piece of chunk 6: read and cached alone.
+        let six = span_of(&vol, ino, 6);
+        assert!(
+            read(6 * CHUNK + 7 * piece + 10, 3000).unwrap()
+                == model_at(6 * CHUNK + 7 * piece + 10, 3000)
+        );
         assert_eq!(
-            files.cached_len(damaged.file, damaged.offset + 7 * piece),
+            files.cached_len(six.file, six.offset + 7 * piece),
             Some(4096)
         );
-        assert_eq!(
-            files.cached_len(damaged.file, damaged.offset + 5 * piece),
-            None
+        assert_eq!(files.cached_len(six.file, six.offset), None);
+        // A second part of chunk 6 missed (two pieces of it): the chunk is read and cached
+        // whole.
+        assert!(
+            read(6 * CHUNK + 9 * piece + 4000, 200).unwrap()
+                == model_at(6 * CHUNK + 9 * piece + 4000, 200)
         );
-        // Two pieces in one read, one disk read.
-        let at = 2 * CHUNK + 9 * piece + 4000;
-        assert!(vol.read(ino, at, 200).unwrap() == model[at as usize..at as usize + 200]);
-        assert!(is_checksum_error(vol.read(ino, 2 * CHUNK, CHUNK as u32)));
+        assert_eq!(
+            files.cached_len(six.file, six.offset),
+            Some(six.len as usize)
+        );
+        assert!(
+            read(6 * CHUNK + 2 * piece, 4096).unwrap() == model_at(6 * CHUNK + 2 * piece, 4096)
+        );
+
+        // The damaged piece fails its reads; the chunk's other pieces read back, the second
+        // one through a whole read of the chunk that fails its check.
+        assert!(
+            is_checksum_error(read(2 * CHUNK + 5 * piece + 8, 100)),
+            "piece 5"
+        );
+        for p in [7, 9, 0, 15] {
+            let at = 2 * CHUNK + p * piece + 1;
+            assert!(read(at, 4000).unwrap() == model_at(at, 4000), "piece {p}");
+        }
+        assert!(
+            is_checksum_error(read(2 * CHUNK + 5 * piece, 4096)),
+            "piece 5 again"
+        );
+        assert!(
+            is_checksum_error(read(2 * CHUNK, CHUNK as u32)),
+            "the whole chunk"
+        );
+        assert_eq!(files.cached_len(damaged.file, damaged.offset), None);
 
         // Format 4: the whole chunk read (and cached) for 4 KiB of it.
         let at = 3 * CHUNK + 6 * piece;
-        assert!(vol.read(ino, at, 4096).unwrap() == model[at as usize..at as usize + 4096]);
+        assert!(read(at, 4096).unwrap() == model_at(at, 4096));
         assert_eq!(
             files.cached_len(old.file, old.offset),
             Some(old.len as usize)
