@@ -5,7 +5,9 @@
 //! <= 10% and p99 <= 2x alone beside either; with its reads from the disk (a 1 GiB file
 //! through a 256 MiB cache) or its writes fsync'd, drop <= 25% and p99 <= 2x.
 //!
-//! usage: make build && cargo run --release --example bench_neighbours [-- SECONDS]
+//! usage: make build && cargo run --release --example bench_neighbours [-- SECONDS [OPTIONS [CASES]]]
+//! OPTIONS: mount options for both tenants (e.g. `weight=100`; `-` for none); CASES: the
+//! rows to run, numbered from 1 (e.g. `3,4`; all by default).
 //! Needs root, /dev/fuse and fio.
 
 mod common;
@@ -71,10 +73,12 @@ impl Case {
 }
 
 fn main() {
-    let secs: u32 = std::env::args()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
+    let mut args = std::env::args().skip(1);
+    let secs: u32 = args.next().and_then(|s| s.parse().ok()).unwrap_or(10);
+    let options = args.next().filter(|o| o != "-").unwrap_or_default();
+    let only: Option<Vec<usize>> = args
+        .next()
+        .map(|c| c.split(',').filter_map(|n| n.parse().ok()).collect());
     println!("Quiet tenant a beside loud tenant b, one daemon, {secs} s each:");
     println!();
     println!(
@@ -126,6 +130,10 @@ fn main() {
         loud_job,
         from_disk,
     } in cases
+        .into_iter()
+        .enumerate()
+        .filter(|(n, _)| only.as_ref().is_none_or(|o| o.contains(&(n + 1))))
+        .map(|(_, c)| c)
     {
         // From the disk: a 1 GiB file through a 256 MiB cache; else 256 MiB in a 1 GiB one.
         let (budget, size, mib, target) = if from_disk {
@@ -137,7 +145,7 @@ fn main() {
         };
         let config = format!("[cache]\nbudget = \"{budget}\"\n");
         let run = |loud_job: &[&str]| {
-            let d = TwoTenants::new("neighbours", &config, ["", ""]);
+            let d = TwoTenants::new("neighbours", &config, [&options, &options]);
             let (qf, lf) = (d.mount(0).join("f"), d.mount(1).join("f"));
             // The loud tenant's file first: the quiet one's, read back last, is what the cache
             // holds.

@@ -634,6 +634,9 @@ impl ExtentFiles {
                 upto += 1;
             }
             self.wait_written(file)?;
+            if keep {
+                super::foreground::note();
+            }
             let reader = self.reader(file)?;
             let len = (end - start) as usize;
             let mut buf = read_buffer(len);

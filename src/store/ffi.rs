@@ -226,6 +226,13 @@ extern "C" fn tenantfs_store_flush_begins(health: *const c_void) {
     with_health(health, StoreHealth::flush_begins);
 }
 
+/// Whether a tenant waited on the disk lately (`foreground`): the store files' writer threads
+/// then write in small pieces.
+#[no_mangle]
+extern "C" fn tenantfs_foreground_io_recent() -> i32 {
+    i32::from(super::foreground::recent())
+}
+
 #[no_mangle]
 extern "C" fn tenantfs_health_release(health: *const c_void) {
     if !health.is_null() {

@@ -12,6 +12,7 @@ mod extent_io;
 mod extents;
 mod ffi;
 mod file_key;
+mod foreground;
 mod health;
 mod host;
 mod tenant_db;
@@ -20,6 +21,7 @@ use std::path::{Path, PathBuf};
 
 pub(crate) use extent_io::ALIGN as EXTENT_ALIGN;
 pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan, SpanCheck, SpanPart, PIECE};
+pub(crate) use foreground::note as note_foreground_io;
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
 pub use tenant_db::{Batch, BlobSpace, Encryption, Entry, Family, OpenMode, TenantDb};

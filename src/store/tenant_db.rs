@@ -516,6 +516,7 @@ impl TenantDb {
                 return Err(e);
             }
         }
+        super::foreground::note();
         // Spans before the WAL that names them (see `extents`).
         self.extents.sync()?;
         self.db

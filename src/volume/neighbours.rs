@@ -78,7 +78,12 @@ impl Volume {
     pub fn read_into(&self, ino: u64, offset: u64, size: u32, out: &mut Vec<u8>) -> Result<()> {
         let misses = crate::cache::thread_misses();
         self.read_stored(ino, offset, size, out)?;
-        if offset == 0 && crate::cache::thread_misses() != misses {
+        let missed = crate::cache::thread_misses() != misses;
+        if missed {
+            // The next read will likely wait on the disk as well.
+            crate::store::note_foreground_io();
+        }
+        if offset == 0 && missed {
             // The file's record is in the cache now: its size costs no disk read.
             if self.getattr(ino).is_ok_and(|a| a.size <= SMALL) {
                 self.neighbours.cold_read(ino, |inos| {
