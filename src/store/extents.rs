@@ -696,6 +696,11 @@ impl ExtentFiles {
         }
     }
 
+    /// The host cache's capacity in bytes.
+    pub(crate) fn cache_capacity(&self) -> u64 {
+        self.cache.capacity() as u64
+    }
+
     /// Drops the cached bytes of `span`, which no value names any more (a fold replaced it):
     /// they would otherwise stay until evicted, and push out bytes still read.
     pub(crate) fn forget_cached(&self, span: &ExtentSpan) {

@@ -529,6 +529,15 @@ impl Volume {
                 let (c, chunk_blocks) = (stored[i].0, self.chunk_blocks);
                 range.place_chunk(out, &overlaid, c, chunk_blocks, bytes, at as usize);
             })?;
+            if !plan.random && attr.size > extent_files.cache_capacity() / 2 {
+                // Drop-behind: a stream through a file larger than half the cache would push
+                // out what others read again, and finds none of it there when it comes back.
+                for (c, span) in &stored {
+                    if end >= c * bs + u64::from(span.len) {
+                        extent_files.forget_cached(span);
+                    }
+                }
+            }
         }
         for c in chunks_met {
             // A chunk left overlaid (its fold dropped at a close, or a format 2 store).

@@ -13,10 +13,15 @@ pub(crate) struct TestStore {
 
 impl TestStore {
     pub(crate) fn new() -> Self {
+        Self::with_cache(8 << 20)
+    }
+
+    /// [`Self::new`] with a host cache of `cache_bytes`.
+    pub(crate) fn with_cache(cache_bytes: usize) -> Self {
         let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
         let root = tmp.path().join("data");
         crate::data_dir::DataDir::init(&root, None).unwrap();
-        let store = Self::at(&root, Some(tmp));
+        let store = Self::at(&root, Some(tmp), cache_bytes);
         crate::tenants::create(&store.data, &store.host, "t", None).unwrap();
         store
     }
@@ -24,16 +29,16 @@ impl TestStore {
     /// The store another `TestStore` made at `root` (a test's child process opens its
     /// parent's store this way).
     pub(crate) fn existing(root: &std::path::Path) -> Self {
-        Self::at(root, None)
+        Self::at(root, None, 8 << 20)
     }
 
-    fn at(root: &std::path::Path, tmp: Option<tempfile::TempDir>) -> Self {
+    fn at(root: &std::path::Path, tmp: Option<tempfile::TempDir>, cache_bytes: usize) -> Self {
         Self {
             _tmp: tmp,
             root: root.to_owned(),
             data: crate::data_dir::DataDir::open(root, None).unwrap(),
             host: crate::store::StoreHost::builder()
-                .block_cache_bytes(8 << 20)
+                .block_cache_bytes(cache_bytes)
                 .build(),
         }
     }
