@@ -95,6 +95,7 @@ bench: build
 	$(CARGO) run --release --example bench_weights
 	$(CARGO) run --release --example bench_neighbours
 	$(CARGO) run --release --example bench_cold_reads
+	$(CARGO) run --release --example bench_scan
 	$(CARGO) run --release --example bench_tree
 	$(CARGO) run --release --example bench_space
 	$(CARGO) run --release --example bench_fuse_request

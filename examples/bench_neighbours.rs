@@ -12,26 +12,8 @@
 
 mod common;
 
-use std::path::Path;
-use std::process::Command;
 
-use common::daemon::{lay_out, side_by_side, TwoTenants};
-
-/// A fio job on `file` (`size`) for `secs`, with the given pattern.
-fn fio(file: &Path, size: &str, secs: u32, pattern: &[&str]) -> Command {
-    let mut c = Command::new("fio");
-    c.args([
-        "--name=neighbour",
-        &format!("--filename={}", file.display()),
-        &format!("--size={size}"),
-        "--direct=1",
-        "--time_based",
-        &format!("--runtime={secs}"),
-        "--output-format=json",
-    ])
-    .args(pattern);
-    c
-}
+use common::daemon::{fio_for as fio, lay_out, side_by_side, TwoTenants};
 
 const QUIET_READ: &[&str] = &["--rw=randread", "--bs=4k", "--ioengine=psync"];
 const QUIET_FSYNC: &[&str] = &["--rw=randwrite", "--bs=4k", "--ioengine=psync", "--fsync=1"];

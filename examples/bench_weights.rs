@@ -22,22 +22,15 @@ use common::median;
 
 /// fio 4 KiB random reads of `file` (`size`) with `jobs` jobs for `secs`.
 fn fio(file: &Path, size: &str, jobs: u32, secs: u32) -> Command {
-    let mut c = Command::new("fio");
-    c.args([
-        "--name=weights",
-        &format!("--filename={}", file.display()),
-        &format!("--size={size}"),
+    let jobs = format!("--numjobs={jobs}");
+    let pattern = [
         "--bs=4k",
         "--rw=randread",
-        "--direct=1",
         "--ioengine=psync",
-        &format!("--numjobs={jobs}"),
+        &jobs,
         "--group_reporting",
-        "--time_based",
-        &format!("--runtime={secs}"),
-        "--output-format=json",
-    ]);
-    c
+    ];
+    common::daemon::fio_for(file, size, secs, &pattern)
 }
 
 fn main() {

@@ -9,6 +9,7 @@
 //! to 4 TiB/s fits the bucket's 32-bit counts.
 
 use std::num::{NonZeroU32, NonZeroU64};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
@@ -111,6 +112,34 @@ impl Throttle {
             tokens -= u64::from(piece);
         }
         slept
+    }
+}
+
+/// The limits in force on one thing that serves a tenant (a mount, a block device) and their
+/// buckets, changed while it serves: a request takes the buckets current when it comes.
+#[derive(Default)]
+pub struct LiveLimits {
+    state: RwLock<(IoLimits, Option<Arc<Throttle>>)>,
+}
+
+impl LiveLimits {
+    /// From now on, requests wait on `limits` (new, empty buckets).
+    pub fn set(&self, limits: IoLimits) {
+        let throttle = Throttle::new(limits).map(Arc::new);
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = (limits, throttle);
+    }
+
+    pub fn get(&self) -> IoLimits {
+        self.state.read().unwrap_or_else(|p| p.into_inner()).0
+    }
+
+    /// The buckets a request waits on now; `None` when nothing is limited.
+    pub fn throttle(&self) -> Option<Arc<Throttle>> {
+        self.state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone()
     }
 }
 

@@ -229,3 +229,20 @@ pub fn side_by_side(mut a: Command, mut b: Command) -> [(f64, f64); 2] {
         )
     })
 }
+
+/// A time-based fio job on `file` (`size`) for `secs` with O_DIRECT and JSON output, doing
+/// `pattern` (its `--rw`, `--bs`, `--ioengine`, ...).
+pub fn fio_for(file: &Path, size: &str, secs: u32, pattern: &[&str]) -> Command {
+    let mut c = Command::new("fio");
+    c.args([
+        "--name=bench",
+        &format!("--filename={}", file.display()),
+        &format!("--size={size}"),
+        "--direct=1",
+        "--time_based",
+        &format!("--runtime={secs}"),
+        "--output-format=json",
+    ])
+    .args(pattern);
+    c
+}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{BlockDevError, DEVICE_FILE};
+use crate::io_limits::{IoLimits, LiveLimits};
 use crate::metrics::{MountMetrics, Op};
 use crate::volume::{Fallocate, FileKind, SetAttr, Volume, VolumeError, ROOT_INO};
 
@@ -41,6 +42,8 @@ pub struct BlockDevice {
     ino: u64,
     size: u64,
     metrics: Arc<MountMetrics>,
+    /// The volume's IOPS and bandwidth limits: reads, writes and discards wait on them.
+    limits: LiveLimits,
 }
 
 impl BlockDevice {
@@ -86,6 +89,7 @@ impl BlockDevice {
             volume,
             size,
             metrics: MountMetrics::new(),
+            limits: LiveLimits::default(),
         })
     }
 
@@ -118,6 +122,24 @@ impl BlockDevice {
         &self.volume
     }
 
+    /// From now on, requests are answered within `limits` (its IOPS and bandwidth; a weight
+    /// is for mounts, whose requests take turns in the process's fair queue).
+    pub fn set_limits(&self, limits: IoLimits) {
+        self.limits.set(limits);
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> IoLimits {
+        self.limits.get()
+    }
+
+    /// Waits until a request of `bytes` is within the limits (counted as throttled time).
+    fn admit(&self, bytes: u64) {
+        if let Some(t) = self.limits.throttle() {
+            self.metrics.record_throttled(t.wait(bytes));
+        }
+    }
+
     fn check(&self, offset: u64, len: u64) -> Result<(), DeviceIoError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.size => Ok(()),
@@ -144,6 +166,7 @@ impl BlockDevice {
     pub fn read(&self, offset: u64, len: u32, out: &mut Vec<u8>) -> Result<(), DeviceIoError> {
         self.counted(Op::Read, || {
             self.check(offset, len.into())?;
+            self.admit(len.into());
             if len as usize <= PIECE {
                 self.volume.read_into(self.ino, offset, len, out)?;
             } else {
@@ -190,6 +213,7 @@ impl BlockDevice {
     ) -> Result<(), DeviceIoError> {
         self.counted(Op::Write, || {
             self.check(offset, data.len() as u64)?;
+            self.admit(data.len() as u64);
             let mut at = offset;
             for piece in data.chunks(piece_len) {
                 self.volume.write(self.ino, at, piece)?;
@@ -213,6 +237,8 @@ impl BlockDevice {
     pub fn discard(&self, offset: u64, len: u64, fua: bool) -> Result<(), DeviceIoError> {
         self.counted(Op::Discard, || {
             self.check(offset, len)?;
+            // A request, whatever it frees: its bytes are not moved.
+            self.admit(0);
             if len > 0 {
                 self.volume
                     .fallocate(self.ino, offset, len, Fallocate::PunchHole)?;

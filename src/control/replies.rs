@@ -93,12 +93,16 @@ pub struct VolumeReport {
     pub connections: u64,
     #[serde(flatten)]
     pub activity: MountActivity,
+    /// Its IOPS and bandwidth limits.
+    #[serde(flatten)]
+    pub limits: LimitsInForce,
     /// The store's state (`None` if it closed meanwhile).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<StoreState>,
 }
 
-/// `set_limits`: the limits now in force on each mount of the tenant.
+/// `set_limits`: the limits now in force on each mount of the tenant, or on the attached
+/// block volume (its address as the mountpoint).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitsReply {
     pub tenant: String,
@@ -337,6 +341,10 @@ mod tests {
                 },
                 connections: 2,
                 activity,
+                limits: LimitsInForce {
+                    iops_limit: Some(200),
+                    ..LimitsInForce::default()
+                },
                 store: Some(StoreState::Writable),
             }],
             waiting_mounts: vec![WaitingMountReport {

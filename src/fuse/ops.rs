@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
@@ -16,7 +16,7 @@ use super::caller::CapabilityRemovals;
 use super::listing_prefetch::{self, ListingPrefetch};
 use super::notify::KernelNotifier;
 use crate::fair_share::{self, Share, Turn};
-use crate::io_limits::{IoLimits, Throttle};
+use crate::io_limits::{IoLimits, LiveLimits};
 use crate::metrics::{MountMetrics, Op};
 use crate::volume::{
     Attr, Clearing, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, StatFs, Volume,
@@ -94,7 +94,7 @@ pub(crate) struct Operations {
     /// The tenant's I/O limits on this mount and their buckets: reads, writes and copies
     /// wait on them. Changed while mounted (`set_limits`); a request takes the buckets that
     /// are current when it comes.
-    limits: RwLock<(IoLimits, Option<Arc<Throttle>>)>,
+    limits: LiveLimits,
     /// The mount's place in the process's fair queue (its weight: `limits.weight`).
     share: Share,
     /// The kernel's capability removals not yet followed by their SETATTR (see `dispatch`).
@@ -165,7 +165,7 @@ impl Operations {
             next_fh: AtomicU64::new(1),
             metrics,
             notifier: KernelNotifier::default(),
-            limits: RwLock::new((IoLimits::default(), None)),
+            limits: LiveLimits::default(),
             share: Share::new(None),
             capability_removals: CapabilityRemovals::default(),
         }
@@ -184,25 +184,19 @@ impl Operations {
         if limits.weight.is_some() {
             fair_share::host().engage();
         }
-        let throttle = Throttle::new(limits).map(Arc::new);
-        *self.limits.write().unwrap_or_else(|p| p.into_inner()) = (limits, throttle);
+        self.limits.set(limits);
     }
 
     /// The limits in force.
     pub(crate) fn limits(&self) -> IoLimits {
-        self.limits.read().unwrap_or_else(|p| p.into_inner()).0
+        self.limits.get()
     }
 
     /// Waits until a data request of `bytes` is within the mount's limits, then for its turn
     /// among the busy tenants' requests (the time it waits is not counted as the request's
     /// own); the turn is held while the request is served.
     fn admit(&self, bytes: u64) -> Turn<'_> {
-        let throttle = self
-            .limits
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .1
-            .clone();
+        let throttle = self.limits.throttle();
         let queue = fair_share::host();
         if throttle.is_none() && !queue.is_engaged() {
             return queue.enter(&self.share);

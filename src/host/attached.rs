@@ -100,6 +100,7 @@ impl Attached {
             served: self.served(volume),
             connections: self.connections() as u64,
             activity: device.metrics().summary(),
+            limits: device.limits().into(),
             store: Some(device.volume().tenant().db().state()),
         }
     }

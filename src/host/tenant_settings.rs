@@ -1,5 +1,5 @@
-//! Changes to a served tenant's settings while it is mounted: its I/O limits (per mount, in
-//! force until it is unmounted) and its quota (in its record too, so it holds at every later
+//! Changes to a served tenant's settings while it is mounted: its I/O limits (per mount or
+//! attached block volume, in force until it is unmounted or detached) and its quota (in its record too, so it holds at every later
 //! mount).
 
 use std::num::{NonZeroU32, NonZeroU64};
@@ -9,12 +9,14 @@ use super::ServingHost;
 use crate::control::replies::{LimitsReply, MountLimits, QuotaReply};
 use crate::control::{LimitsChange, Refusal, RefusalCode};
 use crate::fair_share::MAX_WEIGHT;
+use crate::io_limits::IoLimits;
 use crate::quota::QuotaChange;
 use crate::tenants;
 use crate::volume::Volume;
 
 impl ServingHost {
-    /// Changes the I/O limits of every mount of `tenant` here (see `Request::SetLimits`).
+    /// Changes the I/O limits of every mount of `tenant` here, or of the block volume `tenant`
+    /// attached here (see `Request::SetLimits`).
     pub fn set_limits(&self, tenant: &str, change: LimitsChange) -> Result<LimitsReply, Refusal> {
         let LimitsChange {
             iops,
@@ -51,15 +53,22 @@ impl ServingHost {
             .into_iter()
             .filter(|s| s.tenant() == tenant)
             .collect();
-        if sessions.is_empty() {
+        let device = super::lock(&self.exports)
+            .get(tenant)
+            .map(|a| (a.address(), Arc::clone(a.device())));
+        if sessions.is_empty() && device.is_none() {
             return Err(Refusal::new(
                 RefusalCode::NotServed,
-                format!("tenant {tenant} is not mounted by this process; its limits apply while it is mounted (-o iops=N,bandwidth=SIZE)"),
+                format!("tenant {tenant} is not mounted or attached by this process; its limits apply while it is served (-o iops=N,bandwidth=SIZE)"),
             ));
         }
-        let mut mounts = Vec::new();
-        for s in sessions {
-            let mut limits = s.limits();
+        if let (Some(Some(_)), Some(_)) = (weight, &device) {
+            return Err(Refusal::new(
+                RefusalCode::BadRequest,
+                format!("volume {tenant} is a block device: weights share a daemon between mounts; a block volume takes IOPS and bandwidth limits"),
+            ));
+        }
+        let changed = |mut limits: IoLimits| {
             if let Some(iops) = iops {
                 limits.iops = iops;
             }
@@ -69,6 +78,19 @@ impl ServingHost {
             if let Some(weight) = weight {
                 limits.weight = weight;
             }
+            limits
+        };
+        let mut mounts = Vec::new();
+        if let Some((address, device)) = device {
+            let limits = changed(device.limits());
+            device.set_limits(limits);
+            mounts.push(MountLimits {
+                mountpoint: address.into(),
+                limits: limits.into(),
+            });
+        }
+        for s in sessions {
+            let limits = changed(s.limits());
             if s.set_limits(limits) {
                 mounts.push(MountLimits {
                     mountpoint: s.path().to_owned(),

@@ -162,3 +162,78 @@ fn the_nbd_server_answers_odd_options_and_requests_and_stays_in_step() {
     let _ = s.read_to_end(&mut rest);
     assert!(rest.is_empty(), "{rest:?}");
 }
+
+/// Connects to the export `name` at `sock` and negotiates transmission (GO).
+fn transmission(sock: &std::path::Path, name: &[u8]) -> UnixStream {
+    let mut s = UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    data(&mut s, 18);
+    s.write_all(&3u32.to_be_bytes()).unwrap();
+    option(&mut s, 7, &go_data(name, &[]));
+    while option_reply(&mut s).1 != 1 {} // infos, then ACK
+    s
+}
+
+/// The volume's line of `stats --json`.
+fn volume_stats(h: &Host, name: &str) -> serde_json::Value {
+    let v: serde_json::Value = serde_json::from_str(&h.ok(&["stats", "--json"])).unwrap();
+    v["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["volume"] == name)
+        .cloned()
+        .unwrap_or_else(|| panic!("no volume {name} in {v}"))
+}
+
+/// `tenant set VOLUME --iops N` holds an attached volume's NBD requests to N a second, at
+/// once, counted as throttled time; `--iops unlimited` lifts it; a weight is refused for a volume,
+/// and the limit is shown by `stats`.
+#[test]
+fn an_attached_volume_takes_iops_limits_live() {
+    let h = Host::new("vol-limits");
+    h.ok(&["volume", "create", "v", "--size", "16M"]);
+    let _d = daemon(&h);
+    let sock = h.root().join("v.sock");
+    attach(&h, "v", &format!("unix:{}", sock.display()));
+    let mut s = transmission(&sock, b"v");
+    let reads = |s: &mut UnixStream, n: u64| {
+        for i in 0..n {
+            request(s, 0, 0, i, (i % 4096) * 4096, 4096);
+            assert_eq!(reply(s), (0, i));
+            data(s, 4096);
+        }
+    };
+    reads(&mut s, 50);
+    let throttled = |h: &Host| volume_stats(h, "v")["throttled_us"].as_u64().unwrap();
+    assert_eq!(throttled(&h), 0, "throttled with no limit");
+
+    let out = h.ok(&["tenant", "set", "v", "--iops", "100"]);
+    assert!(out.contains(&sock.display().to_string()), "{out}");
+    assert_eq!(volume_stats(&h, "v")["iops_limit"], 100);
+    // 150 reads at 100 a second, a burst of 2: at least 1.4 s of waiting.
+    reads(&mut s, 150);
+    let waited = throttled(&h);
+    assert!(
+        waited >= 1_300_000,
+        "{waited} us throttled for 150 reads at 100/s"
+    );
+
+    h.ok(&["tenant", "set", "v", "--iops", "unlimited"]);
+    assert!(volume_stats(&h, "v")["iops_limit"].is_null());
+    reads(&mut s, 300);
+    let more = throttled(&h) - waited;
+    assert!(
+        more < 300_000,
+        "{more} us throttled after the limit was lifted"
+    );
+
+    let err = h.fails(&["tenant", "set", "v", "--weight", "300"]);
+    assert!(
+        err.contains("block volume") && err.contains("IOPS"),
+        "{err}"
+    );
+    let err = h.fails(&["tenant", "set", "nosuch", "--iops", "5"]);
+    assert!(err.contains("nosuch"), "{err}");
+}
