@@ -12,7 +12,6 @@
 
 mod common;
 
-
 use common::daemon::{fio_for as fio, lay_out, side_by_side, TwoTenants};
 
 const QUIET_READ: &[&str] = &["--rw=randread", "--bs=4k", "--ioengine=psync"];

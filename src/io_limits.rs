@@ -10,10 +10,13 @@
 
 use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+
+use crate::fair_share::{self, Share, Turn};
+use crate::metrics::MountMetrics;
 
 /// What a limited tenant may do a second; `None`: no limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -115,16 +118,31 @@ impl Throttle {
     }
 }
 
-/// The limits in force on one thing that serves a tenant (a mount, a block device) and their
-/// buckets, changed while it serves: a request takes the buckets current when it comes.
-#[derive(Default)]
+/// The limits in force on one thing that serves a tenant (a mount, a block device), their
+/// buckets and its place in the process's fair queue, changed while it serves: a request takes
+/// the buckets current when it comes.
 pub struct LiveLimits {
     state: RwLock<(IoLimits, Option<Arc<Throttle>>)>,
+    share: Share,
+}
+
+impl Default for LiveLimits {
+    fn default() -> Self {
+        Self {
+            state: RwLock::default(),
+            share: Share::new(None),
+        }
+    }
 }
 
 impl LiveLimits {
-    /// From now on, requests wait on `limits` (new, empty buckets).
+    /// From now on, requests wait on `limits` (new, empty buckets) and take their turns by
+    /// its weight (which engages the process's fair queue).
     pub fn set(&self, limits: IoLimits) {
+        self.share.set_weight(limits.weight);
+        if limits.weight.is_some() {
+            fair_share::host().engage();
+        }
         let throttle = Throttle::new(limits).map(Arc::new);
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = (limits, throttle);
     }
@@ -133,13 +151,27 @@ impl LiveLimits {
         self.state.read().unwrap_or_else(|p| p.into_inner()).0
     }
 
-    /// The buckets a request waits on now; `None` when nothing is limited.
-    pub fn throttle(&self) -> Option<Arc<Throttle>> {
-        self.state
+    /// Waits until a data request of `bytes` is within the limits, then for its turn among
+    /// the busy tenants' requests; the wait is recorded in `metrics` as throttled time (not
+    /// the request's own). The turn is held while the request is served.
+    pub fn admit(&self, bytes: u64, metrics: &MountMetrics) -> Turn<'_> {
+        let throttle = self
+            .state
             .read()
             .unwrap_or_else(|p| p.into_inner())
             .1
-            .clone()
+            .clone();
+        let queue = fair_share::host();
+        if throttle.is_none() && !queue.is_engaged() {
+            return queue.enter(&self.share);
+        }
+        let t = Instant::now();
+        if let Some(t) = &throttle {
+            t.wait(bytes);
+        }
+        let turn = queue.enter(&self.share);
+        metrics.record_throttled(t.elapsed());
+        turn
     }
 }
 

@@ -42,7 +42,8 @@ pub struct BlockDevice {
     ino: u64,
     size: u64,
     metrics: Arc<MountMetrics>,
-    /// The volume's IOPS and bandwidth limits: reads, writes and discards wait on them.
+    /// The volume's IOPS and bandwidth limits and weight: reads, writes and discards wait on
+    /// them.
     limits: LiveLimits,
 }
 
@@ -122,8 +123,8 @@ impl BlockDevice {
         &self.volume
     }
 
-    /// From now on, requests are answered within `limits` (its IOPS and bandwidth; a weight
-    /// is for mounts, whose requests take turns in the process's fair queue).
+    /// From now on, requests are answered within `limits` and take their turns in the
+    /// process's fair queue by its weight, as a mount's do.
     pub fn set_limits(&self, limits: IoLimits) {
         self.limits.set(limits);
     }
@@ -131,13 +132,6 @@ impl BlockDevice {
     /// The limits in force.
     pub fn limits(&self) -> IoLimits {
         self.limits.get()
-    }
-
-    /// Waits until a request of `bytes` is within the limits (counted as throttled time).
-    fn admit(&self, bytes: u64) {
-        if let Some(t) = self.limits.throttle() {
-            self.metrics.record_throttled(t.wait(bytes));
-        }
     }
 
     fn check(&self, offset: u64, len: u64) -> Result<(), DeviceIoError> {
@@ -166,7 +160,7 @@ impl BlockDevice {
     pub fn read(&self, offset: u64, len: u32, out: &mut Vec<u8>) -> Result<(), DeviceIoError> {
         self.counted(Op::Read, || {
             self.check(offset, len.into())?;
-            self.admit(len.into());
+            let _turn = self.limits.admit(len.into(), &self.metrics);
             if len as usize <= PIECE {
                 self.volume.read_into(self.ino, offset, len, out)?;
             } else {
@@ -213,7 +207,7 @@ impl BlockDevice {
     ) -> Result<(), DeviceIoError> {
         self.counted(Op::Write, || {
             self.check(offset, data.len() as u64)?;
-            self.admit(data.len() as u64);
+            let _turn = self.limits.admit(data.len() as u64, &self.metrics);
             let mut at = offset;
             for piece in data.chunks(piece_len) {
                 self.volume.write(self.ino, at, piece)?;
@@ -238,7 +232,7 @@ impl BlockDevice {
         self.counted(Op::Discard, || {
             self.check(offset, len)?;
             // A request, whatever it frees: its bytes are not moved.
-            self.admit(0);
+            let _turn = self.limits.admit(0, &self.metrics);
             if len > 0 {
                 self.volume
                     .fallocate(self.ino, offset, len, Fallocate::PunchHole)?;

@@ -15,7 +15,7 @@ use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
 use super::caller::CapabilityRemovals;
 use super::listing_prefetch::{self, ListingPrefetch};
 use super::notify::KernelNotifier;
-use crate::fair_share::{self, Share, Turn};
+use crate::fair_share::Turn;
 use crate::io_limits::{IoLimits, LiveLimits};
 use crate::metrics::{MountMetrics, Op};
 use crate::volume::{
@@ -95,8 +95,6 @@ pub(crate) struct Operations {
     /// wait on them. Changed while mounted (`set_limits`); a request takes the buckets that
     /// are current when it comes.
     limits: LiveLimits,
-    /// The mount's place in the process's fair queue (its weight: `limits.weight`).
-    share: Share,
     /// The kernel's capability removals not yet followed by their SETATTR (see `dispatch`).
     pub(crate) capability_removals: CapabilityRemovals,
 }
@@ -166,7 +164,6 @@ impl Operations {
             metrics,
             notifier: KernelNotifier::default(),
             limits: LiveLimits::default(),
-            share: Share::new(None),
             capability_removals: CapabilityRemovals::default(),
         }
     }
@@ -180,10 +177,6 @@ impl Operations {
     /// From now on, data requests are answered within `limits` (new, empty buckets) and take
     /// their turns by its weight (which engages the process's fair queue).
     pub(crate) fn set_limits(&self, limits: IoLimits) {
-        self.share.set_weight(limits.weight);
-        if limits.weight.is_some() {
-            fair_share::host().engage();
-        }
         self.limits.set(limits);
     }
 
@@ -193,21 +186,9 @@ impl Operations {
     }
 
     /// Waits until a data request of `bytes` is within the mount's limits, then for its turn
-    /// among the busy tenants' requests (the time it waits is not counted as the request's
-    /// own); the turn is held while the request is served.
+    /// among the busy tenants' requests (see `LiveLimits::admit`).
     fn admit(&self, bytes: u64) -> Turn<'_> {
-        let throttle = self.limits.throttle();
-        let queue = fair_share::host();
-        if throttle.is_none() && !queue.is_engaged() {
-            return queue.enter(&self.share);
-        }
-        let t = Instant::now();
-        if let Some(t) = &throttle {
-            t.wait(bytes);
-        }
-        let turn = queue.enter(&self.share);
-        self.metrics.record_throttled(t.elapsed());
-        turn
+        self.limits.admit(bytes, &self.metrics)
     }
 
     /// The mount's /dev/fuse, which notifications to the kernel go to.

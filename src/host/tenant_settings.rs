@@ -62,12 +62,6 @@ impl ServingHost {
                 format!("tenant {tenant} is not mounted or attached by this process; its limits apply while it is served (-o iops=N,bandwidth=SIZE)"),
             ));
         }
-        if let (Some(Some(_)), Some(_)) = (weight, &device) {
-            return Err(Refusal::new(
-                RefusalCode::BadRequest,
-                format!("volume {tenant} is a block device: weights share a daemon between mounts; a block volume takes IOPS and bandwidth limits"),
-            ));
-        }
         let changed = |mut limits: IoLimits| {
             if let Some(iops) = iops {
                 limits.iops = iops;
