@@ -233,6 +233,12 @@ extern "C" fn tenantfs_foreground_io_recent() -> i32 {
     i32::from(super::foreground::recent())
 }
 
+/// Holds a store file's next write while a WAL sync runs (`foreground`), briefly.
+#[no_mangle]
+extern "C" fn tenantfs_hold_for_syncs() {
+    super::foreground::hold_for_syncs();
+}
+
 #[no_mangle]
 extern "C" fn tenantfs_health_release(health: *const c_void) {
     if !health.is_null() {

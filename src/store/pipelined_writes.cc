@@ -43,8 +43,10 @@ using ROCKSDB_NAMESPACE::IOOptions;
 using ROCKSDB_NAMESPACE::IOStatus;
 using ROCKSDB_NAMESPACE::Slice;
 
-// Whether a tenant waited on the disk lately (src/store/foreground.rs).
+// Whether a tenant waited on the disk lately; holds a write while a WAL sync runs
+// (src/store/foreground.rs).
 extern "C" int32_t tenantfs_foreground_io_recent();
+extern "C" void tenantfs_hold_for_syncs();
 
 namespace tenantfs {
 namespace {
@@ -268,6 +270,7 @@ class PipelinedEncryptedFile final : public FSWritableFile {
       // goes in writes of at most kDiskWrite (aligned: the buffer, the offset and kDiskWrite
       // are), else whole.
       for (size_t at = 0; !failed && at < p.size;) {
+        tenantfs_hold_for_syncs();
         size_t n = tenantfs_foreground_io_recent() != 0 ? std::min(kDiskWrite, p.size - at)
                                                         : p.size - at;
         s = file_->PositionedAppend(Slice(p.buf.data + at, n), p.offset + at, IOOptions(), nullptr);

@@ -519,6 +519,7 @@ impl TenantDb {
         super::foreground::note();
         // Spans before the WAL that names them (see `extents`).
         self.extents.sync()?;
+        let _syncing = super::foreground::syncing();
         self.db
             .flush_wal(true)
             .map_err(|e| self.write_error("sync", e))
