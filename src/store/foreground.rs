@@ -6,7 +6,9 @@
 //! ones; but through the daemon, 256 KiB writes cost a streaming writer alone 19% of its
 //! throughput (four syscalls and virtio notifications per MiB where one did). So the store
 //! files' writer threads (`pipelined_writes.cc`) write in small pieces only while someone
-//! waits on the disk: this says whether anyone did within the last [`WINDOW`].
+//! waits on the disk: this says whether anyone did within the last [`WINDOW`]. And while a
+//! WAL sync runs, they hold their next write briefly ([`hold_for_syncs`]): on ext4 the sync of
+//! a growing WAL is a journal commit, which bulk writes beside it slow down.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
