@@ -79,14 +79,15 @@ impl Throttle {
         })
     }
 
-    /// Waits until a data request of `bytes` may be answered; how long it slept.
+    /// Waits until a data request of `bytes` may be answered (one moving no bytes, as a
+    /// discard, takes only a request's token); how long it slept.
     pub fn wait(&self, bytes: u64) -> Duration {
         let mut slept = Duration::ZERO;
         if let Some(b) = &self.requests {
             slept += self.take(b, 1);
         }
-        if let Some(b) = &self.kib {
-            slept += self.take(b, bytes.div_ceil(1024).max(1));
+        if let (Some(b), true) = (&self.kib, bytes > 0) {
+            slept += self.take(b, bytes.div_ceil(1024));
         }
         slept
     }

@@ -158,9 +158,10 @@ impl BlockDevice {
 
     /// Reads `len` bytes at `offset` into `out` (replacing what it held).
     pub fn read(&self, offset: u64, len: u32, out: &mut Vec<u8>) -> Result<(), DeviceIoError> {
+        // The wait on the limits comes before the request's clock starts (throttled time).
+        let _turn = self.limits.admit(len.into(), &self.metrics);
         self.counted(Op::Read, || {
             self.check(offset, len.into())?;
-            let _turn = self.limits.admit(len.into(), &self.metrics);
             if len as usize <= PIECE {
                 self.volume.read_into(self.ino, offset, len, out)?;
             } else {
@@ -205,9 +206,9 @@ impl BlockDevice {
         data: &[u8],
         fua: bool,
     ) -> Result<(), DeviceIoError> {
+        let _turn = self.limits.admit(data.len() as u64, &self.metrics);
         self.counted(Op::Write, || {
             self.check(offset, data.len() as u64)?;
-            let _turn = self.limits.admit(data.len() as u64, &self.metrics);
             let mut at = offset;
             for piece in data.chunks(piece_len) {
                 self.volume.write(self.ino, at, piece)?;
@@ -229,10 +230,10 @@ impl BlockDevice {
     /// Discards `len` bytes at `offset` (TRIM, WRITE_ZEROES): their extents are freed and
     /// they read as zeros; with `fua`, durable before it returns.
     pub fn discard(&self, offset: u64, len: u64, fua: bool) -> Result<(), DeviceIoError> {
+        // A request, whatever it frees: its bytes are not moved.
+        let _turn = self.limits.admit(0, &self.metrics);
         self.counted(Op::Discard, || {
             self.check(offset, len)?;
-            // A request, whatever it frees: its bytes are not moved.
-            let _turn = self.limits.admit(0, &self.metrics);
             if len > 0 {
                 self.volume
                     .fallocate(self.ino, offset, len, Fallocate::PunchHole)?;

@@ -560,18 +560,20 @@ impl ExtentFiles {
     ) -> Result<(), StoreError> {
         let parts: Vec<SpanPart> = spans.iter().copied().map(SpanPart::whole).collect();
         self.fetch(&parts, true, |i, _, bytes| f(i, bytes))
+            .map(drop)
     }
 
     /// Calls `f(i, at, bytes)` with bytes of each of `parts` from the cache or from disk (and
     /// then cached): `bytes` are the span's from offset `at` and hold at least the part asked
     /// for (whole pieces, or the whole span: what the cache held or what a read had to take
     /// to check them). A part of a span with piece checksums costs a read of its pieces only.
-    /// The caller holds [`Self::read_guard`] since it looked the spans up.
+    /// The caller holds [`Self::read_guard`] since it looked the spans up. Returns which
+    /// parts came from the disk (by index, ascending).
     pub(crate) fn read_parts(
         &self,
         parts: &[SpanPart],
         f: impl FnMut(usize, u32, &[u8]),
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<usize>, StoreError> {
         self.fetch(parts, true, f)
     }
 
@@ -581,7 +583,7 @@ impl ExtentFiles {
         parts: &[SpanPart],
         keep: bool,
         mut f: impl FnMut(usize, u32, &[u8]),
-    ) -> Result<(), StoreError> {
+    ) -> Result<Vec<usize>, StoreError> {
         // Parts not in the cache: (part, cover start, cover end).
         let mut missed: Vec<(usize, u32, u32)> = Vec::new();
         for (i, p) in parts.iter().enumerate() {
@@ -663,6 +665,14 @@ impl ExtentFiles {
                     let (plo, phi) = s.cover(parts[i].lo, parts[i].hi);
                     let asked = &bytes[(plo - lo) as usize..(phi - lo) as usize];
                     if (plo, phi) != (lo, hi) && s.verify(plo, asked) {
+                        tracing::warn!(
+                            tenant = %self.tenant,
+                            file = %self.path(s.file).display(),
+                            offset = s.offset,
+                            len = s.len,
+                            "a piece of this extent span does not match its checksum; \
+                             the pieces asked for do and were served"
+                        );
                         f(i, plo, asked);
                         continue;
                     }
@@ -682,7 +692,9 @@ impl ExtentFiles {
             keep_read_buffer(buf);
             at = upto;
         }
-        Ok(())
+        let mut from_disk: Vec<usize> = missed.iter().map(|&(i, _, _)| i).collect();
+        from_disk.sort_unstable();
+        Ok(from_disk)
     }
 
     /// Caches `bytes` as the bytes of `span`: what a read of the span does, and what a writer
@@ -708,14 +720,12 @@ impl ExtentFiles {
             .erase_raw(&self.cache_key(span.file, span.offset));
     }
 
-    /// Whether the bytes of `span` are in the cache.
-    #[cfg(test)]
+    /// Whether the bytes of `span` are in the cache (whole).
     pub(crate) fn is_cached(&self, span: &ExtentSpan) -> bool {
         self.cached_len(span.file, span.offset).is_some()
     }
 
     /// How many bytes from `offset` of file `file` the cache holds under that offset.
-    #[cfg(test)]
     pub(crate) fn cached_len(&self, file: u64, offset: u64) -> Option<usize> {
         let key = self.cache_key(file, offset);
         self.cache.with_raw(&key, |bytes| bytes.len())
@@ -730,6 +740,7 @@ impl ExtentFiles {
     ) -> Result<(), StoreError> {
         let parts: Vec<SpanPart> = spans.iter().copied().map(SpanPart::whole).collect();
         self.fetch(&parts, false, |i, _, bytes| f(i, bytes))
+            .map(drop)
     }
 
     /// The first file a collection must leave alone: the open file, or the next one. Taken

@@ -364,7 +364,8 @@ mod tests {
     }
 
     /// A file written in bulk and read through once, whose size is over half the cache, leaves
-    /// the cache as it found it (drop-behind): a file read twice stays cached beside it.
+    /// the cache as it found it (drop-behind): a file read twice stays cached beside it, and
+    /// so do chunks of the large file cached before the stream.
     /// Without drop-behind, 48 MiB through a 64 MiB cache push out the hot file and stay.
     #[test]
     fn a_stream_through_a_large_file_leaves_the_cache_to_others() {
@@ -400,13 +401,25 @@ mod tests {
                 assert!(back == data[at..at + (128 << 10)], "wrong bytes at {at}");
             }
         };
-        read_through(&hot);
-        read_through(&hot);
-        read_through(&big);
         let cached = |spans: &[ExtentSpan]| spans.iter().filter(|s| files.is_cached(s)).count();
+        read_through(&hot);
+        read_through(&hot);
+        // Five chunks of the big file read at random (whole) before the stream: they stay.
+        for c in [303u64, 301, 304, 302, 300] {
+            let at = c * CHUNK;
+            let back = vol.read(big.0, at, CHUNK as u32).unwrap();
+            assert!(back == big.1[at as usize..(at + CHUNK) as usize]);
+        }
+        read_through(&big);
+        let before: Vec<ExtentSpan> = (300..305).map(|c| span_of(&vol, big.0, c)).collect();
+        assert_eq!(
+            cached(&before),
+            5,
+            "the stream erased chunks it did not bring in"
+        );
         // (A read-ahead job that ends after the reader passed its chunk, having read it
         // itself, leaves that chunk behind: a few of 768.)
-        let left = cached(&spans(big.0, 48));
+        let left = cached(&spans(big.0, 48)) - 5;
         assert!(
             left <= 24,
             "{left} of the stream's 768 chunks stayed in the cache"

@@ -525,15 +525,19 @@ impl Volume {
                     false => SpanPart::whole(span),
                 })
                 .collect();
-            extent_files.read_parts(&parts, |i, at, bytes| {
+            let from_disk = extent_files.read_parts(&parts, |i, at, bytes| {
                 let (c, chunk_blocks) = (stored[i].0, self.chunk_blocks);
                 range.place_chunk(out, &overlaid, c, chunk_blocks, bytes, at as usize);
             })?;
             if !plan.random && attr.size > extent_files.cache_capacity() / 2 {
                 // Drop-behind: a stream through a file larger than half the cache would push
                 // out what others read again, and finds none of it there when it comes back.
-                for (c, span) in &stored {
-                    if end >= c * bs + u64::from(span.len) {
+                // Only what the stream brought in goes (this read's disk reads, its
+                // read-ahead's): chunks cached before it stay.
+                for (i, (c, span)) in stored.iter().enumerate() {
+                    let fetched = self.readahead.take_fetched(span);
+                    let passed = end >= c * bs + u64::from(span.len);
+                    if passed && (fetched || from_disk.binary_search(&i).is_ok()) {
                         extent_files.forget_cached(span);
                     }
                 }

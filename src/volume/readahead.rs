@@ -15,14 +15,14 @@
 //! running jobs ([`Readahead::close`]) so the store is closed, and its lock released, when the
 //! volume is gone.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use super::codec::{decode_attr, decode_chunk, ino_key, lookup_keys, Chunk, ExtentKey, LookupKey};
 use super::FileKind;
-use crate::store::{Family, StoreError};
+use crate::store::{ExtentSpan, Family, StoreError};
 use crate::tenants::Tenant;
 
 /// What the first read of a stream adds to its own lookups.
@@ -64,7 +64,14 @@ pub(crate) struct Plan {
 pub(crate) struct Readahead {
     streams: Mutex<HashMap<u64, Stream>>,
     jobs: Arc<Jobs>,
+    /// Extent spans (file, offset) the jobs read from the disk into the cache and no reader
+    /// has passed yet: what a drop-behind may erase (it leaves what others had cached).
+    fetched: Arc<Mutex<HashSet<(u64, u64)>>>,
 }
+
+/// The most spans [`Readahead::fetched`] remembers (past it, it starts again: a few chunks
+/// then stay cached after a stream).
+const MAX_FETCHED: usize = 8192;
 
 impl Readahead {
     /// Plans a read of `[offset, end)` of inode `ino`, a file of `size` bytes.
@@ -135,7 +142,10 @@ impl Readahead {
         while block < end_block {
             let upto = (block + per_job).min(end_block);
             let (keys, names) = lookup_keys(ino, block, upto - 1, chunk_blocks);
-            let queued = self.queue(tenant, move |t| warm(t, &keys, &names, chunk_blocks));
+            let fetched = Arc::clone(&self.fetched);
+            let queued = self.queue(tenant, move |t| {
+                warm(t, &keys, &names, chunk_blocks, &fetched)
+            });
             if !queued {
                 return;
             }
@@ -194,6 +204,13 @@ impl Readahead {
         }))
     }
 
+    /// Whether a job of this volume read `span` from the disk and no reader has passed it
+    /// since (it is forgotten either way).
+    pub fn take_fetched(&self, span: &ExtentSpan) -> bool {
+        let mut f = self.fetched.lock().unwrap_or_else(|p| p.into_inner());
+        f.remove(&(span.file, span.offset))
+    }
+
     /// Refuses new background fetches and waits for the running ones.
     pub fn close(&self) {
         self.jobs.close();
@@ -211,6 +228,7 @@ fn warm(
     keys: &[LookupKey],
     names: &[ExtentKey],
     chunk_blocks: u64,
+    fetched: &Mutex<HashSet<(u64, u64)>>,
 ) -> Result<(), StoreError> {
     let db = tenant.db();
     if chunk_blocks <= 1 {
@@ -234,8 +252,18 @@ fn warm(
         }
     })?;
     if !stored.is_empty() {
-        // Chunks in extent files: their bytes come in (one read per run end to end).
-        db.extent_files().read(&stored, |_, _| {})?;
+        // Chunks in extent files: their bytes come in (one read per run end to end). Those
+        // not cached now are noted first: a reader may pass them the moment they are in.
+        let files = db.extent_files();
+        {
+            let mut f = fetched.lock().unwrap_or_else(|p| p.into_inner());
+            if f.len() + stored.len() > MAX_FETCHED {
+                f.clear();
+            }
+            let missing = stored.iter().filter(|s| !files.is_cached(s));
+            f.extend(missing.map(|s| (s.file, s.offset)));
+        }
+        files.read(&stored, |_, _| {})?;
     }
     let rest = blocks_outside(keys, names, chunk_blocks, &found);
     if rest.is_empty() {
