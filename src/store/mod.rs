@@ -9,6 +9,7 @@
 mod activity;
 pub mod direct_io;
 mod extent_io;
+mod extent_span;
 mod extents;
 mod ffi;
 mod file_key;
@@ -20,7 +21,8 @@ mod tenant_db;
 use std::path::{Path, PathBuf};
 
 pub(crate) use extent_io::ALIGN as EXTENT_ALIGN;
-pub use extents::{ExtentFileStats, ExtentFiles, ExtentSpan, SpanCheck, SpanPart, PIECE};
+pub use extent_span::{ExtentSpan, SpanCheck, SpanPart, PIECE};
+pub use extents::{ExtentFileStats, ExtentFiles};
 pub(crate) use foreground::note as note_foreground_io;
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};

@@ -12,7 +12,8 @@ use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Wri
 
 use super::activity::{FirstPut, WriteActivity};
 use super::extent_io::EnvPtr;
-use super::extents::{ExtentFileStats, ExtentFiles, ExtentSpan};
+use super::extent_span::ExtentSpan;
+use super::extents::{ExtentFileStats, ExtentFiles};
 use super::health::{StoreHealth, StoreState};
 use super::host::StoreHost;
 use super::StoreError;

@@ -193,24 +193,13 @@ impl ChunkAt<'_> {
 #[cfg(test)]
 mod tests {
     use super::super::codec::{chunk_key, decode_chunk, stored_chunk, Chunk};
+    use super::super::testing::noise;
     use super::super::{FileKind, Owner, TestStore, Volume, VolumeError, ROOT_INO};
     use crate::store::{ExtentSpan, Family, SpanCheck, PIECE};
 
     const CHUNK: u64 = 64 << 10;
     /// What the key provider puts before an extent file's body.
     const PREFIX: u64 = 4096;
-
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
 
     fn span_of(vol: &Volume, ino: u64, chunk: u64) -> ExtentSpan {
         let value = vol

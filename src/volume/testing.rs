@@ -53,6 +53,20 @@ impl TestStore {
     }
 }
 
+/// `len` deterministic pseudo-random bytes (xorshift from `seed`): file data that neither
+/// compresses nor reads as zeros.
+pub(crate) fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// The line a child parked at a crash point prints.
 pub(crate) const PARKED: &str = "PARKED";
 
