@@ -197,6 +197,7 @@ impl FairShare {
                     }
                 }
             }
+            crate::serving::will_wait();
             std::thread::sleep(RECHECK);
         }
     }

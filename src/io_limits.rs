@@ -1,7 +1,8 @@
 //! A tenant's I/O limits: at most so many data requests (reads and writes) a second and so
 //! many bytes a second, each a token bucket (GCRA, the `governor` crate) that a request waits
-//! on before it is answered. A limited tenant waits on its own buckets only: its requests
-//! are answered by its own mount's threads, so no other tenant waits with it.
+//! on before it is answered. A limited tenant waits on its own buckets only: a thread that is
+//! to wait for tokens first gives its lead over other tenants' requests to another
+//! ([`crate::serving`]), so no other tenant waits with it.
 //!
 //! Bursts are short (a fiftieth of a second's worth), so a limit holds over any run longer
 //! than a fraction of a second; a request larger than the byte bucket's burst takes its
@@ -106,6 +107,7 @@ impl Throttle {
                         let wait = not_until
                             .wait_time_from(self.clock.now())
                             .max(Duration::from_micros(50));
+                        crate::serving::will_wait();
                         std::thread::sleep(wait);
                         slept += wait;
                     }

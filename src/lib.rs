@@ -28,6 +28,7 @@ pub mod nbd;
 pub mod pressure;
 pub mod process;
 pub mod quota;
+pub mod serving;
 pub mod space;
 pub mod store;
 pub mod tenants;

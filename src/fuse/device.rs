@@ -35,7 +35,7 @@ use super::wire::{self, opcode, Fields, InHeader, IN_HEADER_SIZE, OUT_HEADER_SIZ
 pub const IDLE_RETIRE: Duration = Duration::from_secs(5);
 
 /// A read buffer: the largest write request and its headers.
-const BUFFER_SIZE: usize = MAX_WRITE as usize + 4096;
+pub(super) const BUFFER_SIZE: usize = MAX_WRITE as usize + 4096;
 
 /// The thread counts of one mount's workers.
 #[derive(Default)]
@@ -208,59 +208,73 @@ impl Workers {
         }
     }
 
-    /// Answers the request in `buf[..n]` (the reply goes out from the same buffer).
+    /// Answers the request in `buf[..n]`.
     fn handle(&self, buf: &mut [u8], n: usize, scratch: &mut Vec<u8>) {
-        let Some(h) = InHeader::parse(&buf[..n]).filter(|_| n >= IN_HEADER_SIZE) else {
-            tracing::warn!(bytes = n, "a FUSE request shorter than its header; ignored");
-            return;
-        };
-        let args_len = n - IN_HEADER_SIZE;
-        if self.consume(&h, &buf[IN_HEADER_SIZE..n]) {
-            return;
-        }
-        let fixed = wire::fixed_in_size(h.opcode);
-        let (error, len) = if args_len < fixed {
-            (-libc::EINVAL, 0)
-        } else if h.opcode == opcode::DESTROY {
-            (0, 0)
-        } else {
-            let (op_in, rest) = buf[IN_HEADER_SIZE..].split_at_mut(fixed);
-            dispatch::answer_or_eio(&self.ops, &h, op_in, rest, args_len - fixed, scratch)
-        };
-        let mut out = [0u8; OUT_HEADER_SIZE];
-        wire::put_out_header(&mut out, h.unique, error, len);
-        let reply = IN_HEADER_SIZE + fixed;
-        let bufs = [IoSlice::new(&out), IoSlice::new(&buf[reply..reply + len])];
-        match nix::sys::uio::writev(&self.device, &bufs) {
-            // ENOENT: the request was interrupted and nothing waits for the reply; ENODEV: the
-            // mount is gone, which the next read says.
-            Ok(_) | Err(Sys::ENOENT | Sys::ENODEV) => {}
-            Err(e) => tracing::error!(opcode = h.opcode, error = %e, "cannot send a FUSE reply"),
-        }
+        answer(&self.device, &self.ops, buf, n, scratch);
     }
+}
 
-    /// Handles the requests that get no reply; says whether `h` was one.
-    fn consume(&self, h: &InHeader, args: &[u8]) -> bool {
-        match h.opcode {
-            opcode::FORGET => {
-                if let Some(nlookup) = Fields(args).u64(0) {
-                    self.ops.forget(h.nodeid, nlookup);
-                }
-            }
-            opcode::BATCH_FORGET => {
-                let count = Fields(args).u32(0).unwrap_or(0) as usize;
-                let forgets = args.get(8..).unwrap_or_default();
-                for one in forgets.chunks_exact(16).take(count) {
-                    let f = Fields(one);
-                    if let (Some(ino), Some(nlookup)) = (f.u64(0), f.u64(8)) {
-                        self.ops.forget(ino, nlookup);
-                    }
-                }
-            }
-            // Interrupts are not acted on: every operation is short and finishes.
-            opcode::INTERRUPT | opcode::NOTIFY_REPLY => {}
-            _ => return false,
-        }
-        true
+/// Answers the request read from `device` into `buf[..n]` (the reply goes out from the same
+/// buffer): what a /dev/fuse worker does with each request, and the host's ring threads with
+/// what a ring mount's device still carries (FORGET, INTERRUPT; everything once the ring is
+/// off).
+pub(super) fn answer(
+    device: &OwnedFd,
+    ops: &Operations,
+    buf: &mut [u8],
+    n: usize,
+    scratch: &mut Vec<u8>,
+) {
+    let Some(h) = InHeader::parse(&buf[..n]).filter(|_| n >= IN_HEADER_SIZE) else {
+        tracing::warn!(bytes = n, "a FUSE request shorter than its header; ignored");
+        return;
+    };
+    let args_len = n - IN_HEADER_SIZE;
+    if consume(ops, &h, &buf[IN_HEADER_SIZE..n]) {
+        return;
     }
+    let fixed = wire::fixed_in_size(h.opcode);
+    let (error, len) = if args_len < fixed {
+        (-libc::EINVAL, 0)
+    } else if h.opcode == opcode::DESTROY {
+        (0, 0)
+    } else {
+        let (op_in, rest) = buf[IN_HEADER_SIZE..].split_at_mut(fixed);
+        dispatch::answer_or_eio(ops, &h, op_in, rest, args_len - fixed, scratch)
+    };
+    let mut out = [0u8; OUT_HEADER_SIZE];
+    wire::put_out_header(&mut out, h.unique, error, len);
+    let reply = IN_HEADER_SIZE + fixed;
+    let bufs = [IoSlice::new(&out), IoSlice::new(&buf[reply..reply + len])];
+    match nix::sys::uio::writev(device, &bufs) {
+        // ENOENT: the request was interrupted and nothing waits for the reply; ENODEV: the
+        // mount is gone, which the next read says.
+        Ok(_) | Err(Sys::ENOENT | Sys::ENODEV) => {}
+        Err(e) => tracing::error!(opcode = h.opcode, error = %e, "cannot send a FUSE reply"),
+    }
+}
+
+/// Handles the requests that get no reply; says whether `h` was one.
+fn consume(ops: &Operations, h: &InHeader, args: &[u8]) -> bool {
+    match h.opcode {
+        opcode::FORGET => {
+            if let Some(nlookup) = Fields(args).u64(0) {
+                ops.forget(h.nodeid, nlookup);
+            }
+        }
+        opcode::BATCH_FORGET => {
+            let count = Fields(args).u32(0).unwrap_or(0) as usize;
+            let forgets = args.get(8..).unwrap_or_default();
+            for one in forgets.chunks_exact(16).take(count) {
+                let f = Fields(one);
+                if let (Some(ino), Some(nlookup)) = (f.u64(0), f.u64(8)) {
+                    ops.forget(ino, nlookup);
+                }
+            }
+        }
+        // Interrupts are not acted on: every operation is short and finishes.
+        opcode::INTERRUPT | opcode::NOTIFY_REPLY => {}
+        _ => return false,
+    }
+    true
 }

@@ -146,6 +146,9 @@ pub fn answer(
             entry(payload, &a)
         }
         opcode::MKNOD => {
+            // Tests: `FAILPOINTS=fuse-request-stall=sleep(MS)`, a request that waits without
+            // saying so (the ring's watch has to take its thread's lead).
+            fail::fail_point!("fuse-request-stall");
             let (mode, rdev) = (f.u32(0).ok_or_else(bad)?, f.u32(4).ok_or_else(bad)?);
             let a = ops.mknod(ino, one_name()?, mode, rdev, owner)?;
             entry(payload, &a)

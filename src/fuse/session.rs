@@ -1,9 +1,9 @@
 //! One mounted tenant filesystem being served: the one session type of tenantfs.
 //!
 //! [`Session::start`] mounts a [`Volume`] (fuser mounts it and answers INIT) and serves it
-//! from threads of this process: the session's thread is the first /dev/fuse worker, more
-//! start on demand ([`super::device`]), and the ring's queues when the kernel takes FUSE over
-//! io_uring. It returns once the kernel has the mount. The session ends by
+//! from threads of this process: the host's ring threads when the kernel takes FUSE over
+//! io_uring ([`super::ring`]), else a thread of its own, the first /dev/fuse worker, with
+//! more started on demand ([`super::device`]). It returns once the kernel has the mount. The session ends by
 //! [`Session::unmount`], by [`Session::detach`] (shutdown of a busy mount), or from outside
 //! (umount(8), `tenantfs umount`); [`Session::wait`] waits for the end, and the volume (the
 //! session owns it) is dropped then, which makes the store durable and closes it. The daemon
@@ -67,7 +67,8 @@ impl Ended {
     }
 }
 
-/// What ending the session takes: fuser's unmounter (works once) and the serving thread.
+/// What ending the session takes: fuser's unmounter (works once) and, over /dev/fuse, the
+/// serving thread (over the ring, the host's ring threads serve the mount and start its end).
 struct Control {
     unmounter: Option<fuser::SessionUnmounter>,
     thread: Option<JoinHandle<io::Result<()>>>,
@@ -114,29 +115,35 @@ impl Session {
         use std::os::fd::AsFd;
         let device = session.as_fd().try_clone_to_owned().map_err(mount_err)?;
         ops.set_device(device.try_clone().map_err(mount_err)?);
-        if options.transport != Transport::Device {
-            // The io_uring side gets a duplicate of the device too.
-            ring.set_device(device.try_clone().map_err(mount_err)?);
-        }
         let unmounter = session.unmount_callable();
         let ended = Arc::new(Ended::default());
-        let thread = {
-            let name: String = format!("tenantfs-{tenant}").chars().take(15).collect();
+        let end = {
             let path = mountpoint.to_owned();
             let ended = ended.clone();
-            std::thread::Builder::new()
+            move || {
+                // fuser's session holds the mount and the handshake: dropping it stops the
+                // ring, syncs the store, and lets the volume go, so the store is durable and
+                // closed before waiters hear of the end.
+                drop(session);
+                tracing::info!(path = %path.display(), "unmounted");
+                ended.set();
+            }
+        };
+        let thread = if ring.is_started() {
+            // The host's ring threads serve the mount, its device included.
+            ring.attach(device, Box::new(end));
+            None
+        } else {
+            let name: String = format!("tenantfs-{tenant}").chars().take(15).collect();
+            let thread = std::thread::Builder::new()
                 .name(name)
                 .spawn(move || {
                     let r = device::serve(device, ops, MAX_DEVICE_WORKERS, "fuse-worker");
-                    // fuser's session holds the mount and the handshake: dropping it stops
-                    // the ring, syncs the store, and lets the volume go, so the store is
-                    // durable and closed before waiters hear of the end.
-                    drop(session);
-                    tracing::info!(path = %path.display(), "unmounted");
-                    ended.set();
+                    end();
                     r
                 })
-                .map_err(mount_err)?
+                .map_err(mount_err)?;
+            Some(thread)
         };
         tracing::info!(tenant, path = %mountpoint.display(), "mounted");
         Ok(Self {
@@ -147,7 +154,7 @@ impl Session {
             ops: served_ops,
             control: Mutex::new(Control {
                 unmounter: Some(unmounter),
-                thread: Some(thread),
+                thread,
             }),
             ended,
         })
@@ -264,9 +271,10 @@ impl Session {
         }
     }
 
-    /// Waits for the serving thread and logs how it ended.
+    /// Waits for the session's end (the store closed) and logs how it ended.
     pub fn join(&self) {
         let Some(t) = self.control().thread.take() else {
+            self.wait(None);
             return;
         };
         match t.join() {

@@ -468,6 +468,7 @@ impl ExtentFiles {
                 end += u64::from(missed[upto].2 - missed[upto].1);
                 upto += 1;
             }
+            crate::serving::will_wait();
             self.wait_written(file)?;
             if keep {
                 super::foreground::note();

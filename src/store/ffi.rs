@@ -233,6 +233,13 @@ extern "C" fn tenantfs_foreground_io_recent() -> i32 {
     i32::from(super::foreground::recent())
 }
 
+/// A lookup missed the block cache: the thread is about to read from the disk
+/// ([`crate::serving::will_wait`]).
+#[no_mangle]
+extern "C" fn tenantfs_will_wait() {
+    crate::serving::will_wait();
+}
+
 /// Holds a store file's next write while a WAL sync runs (`foreground`), briefly.
 #[no_mangle]
 extern "C" fn tenantfs_hold_for_syncs() {

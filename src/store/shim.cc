@@ -181,6 +181,10 @@ class SlabMemoryAllocator final : public MemoryAllocator {
 // read to learn whether the read went to the disk.
 thread_local uint64_t thread_misses = 0;
 
+// A lookup missed: the thread is about to read from the disk, and gives up any lead it
+// holds over other tenants' requests first (`serving.rs`).
+extern "C" void tenantfs_will_wait();
+
 struct CacheCounters {
   std::atomic<uint64_t> hits{0};
   std::atomic<uint64_t> misses{0};
@@ -209,7 +213,10 @@ class CountingCache final : public CacheWrapper {
         target_->Lookup(key, helper, create_context, priority, stats);
     (h != nullptr ? counters_->hits : counters_->misses)
         .fetch_add(1, std::memory_order_relaxed);
-    thread_misses += h == nullptr ? 1 : 0;
+    if (h == nullptr) {
+      thread_misses += 1;
+      tenantfs_will_wait();
+    }
     return h;
   }
 

@@ -518,6 +518,7 @@ impl TenantDb {
             }
         }
         super::foreground::note();
+        crate::serving::will_wait();
         // Spans before the WAL that names them (see `extents`).
         self.extents.sync()?;
         let _syncing = super::foreground::syncing();

@@ -1,38 +1,38 @@
-//! FUSE over io_uring: one queue per possible CPU, each served by a thread pinned to that CPU,
-//! or, for a CPU the daemon may not run on (taskset, `CPUAffinity=`, a cpuset), to the nearest
-//! CPU it may: the daemon stays on the CPUs it was given, next to none of the tenants' own.
+//! FUSE over io_uring: the kernel queues each request on the queue of the CPU its caller runs
+//! on, and a thread on that CPU answers it there.
 //!
 //! Why: over /dev/fuse a request wakes whichever worker thread sleeps in `read`, usually on
 //! the other CPU, and that cross-CPU wake-up is most of a request's cost on this kind of host
 //! (BENCHMARKS.md, "What a FUSE request costs": 22 us a request, 11 us when both sides share
-//! a CPU, ~1 us of it ours). Over the ring the kernel puts a request on the queue of the CPU
-//! its caller runs on, and that queue's thread answers it there.
+//! a CPU, ~1 us of it ours).
 //!
-//! How (Linux >= 6.14, `enable_uring` on): after INIT, each queue thread registers ring
-//! entries (`FUSE_IO_URING_CMD_REGISTER`: a 288-byte header and a payload buffer as large as
-//! the biggest request) on its own io_uring. A completion means a request is in the entry;
-//! the thread answers it through [`crate::fuse::ops::Operations`] and hands the entry back
-//! with the reply (`COMMIT_AND_FETCH`), submitted as SCHED_IDLE while its callers are being
-//! moved off their CPU by the wake-ups ([`handoff`]). The /dev/fuse workers
-//! ([`crate::fuse::device`]) keep FORGET and INTERRUPT, which never go over the ring. The
-//! queues exit when the kernel ends their entries at unmount (ENOTCONN) or when
-//! [`Ring::stop`] wakes them.
+//! How (Linux >= 6.14, `enable_uring` on): at INIT a mount's [`Ring`] makes its entries (a
+//! 288-byte header and a payload buffer as large as the biggest request, for each of the
+//! kernel's queues), and once mounted registers them (`FUSE_IO_URING_CMD_REGISTER`) on the
+//! host's rings ([`reactor`]): one io_uring per CPU the daemon may run on, shared by every
+//! mount, so the daemon's threads do not grow with its mounts. A queue of a CPU the daemon
+//! may not run on (taskset, `CPUAffinity=`, a cpuset) is served by the nearest CPU it may. A
+//! completion means a request is in an entry; a thread answers it through
+//! [`crate::fuse::ops::Operations`] and hands the entry back with the reply
+//! (`COMMIT_AND_FETCH`), submitted as SCHED_IDLE while its callers are being moved off their
+//! CPU by the wake-ups ([`handoff`]). The mount's /dev/fuse device still carries FORGET and
+//! INTERRUPT, which never go over the ring: the same rings poll it ([`connection`]), and
+//! its end (ENODEV at unmount) ends the session.
 
 mod abi;
+mod connection;
 mod handoff;
+mod reactor;
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::{Arc, Condvar, Mutex};
-use std::thread::JoinHandle;
+use std::os::fd::{OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
-use crate::fuse::buffer::RequestBuffer;
-use crate::fuse::dispatch;
 use crate::fuse::ops::{Operations, MAX_WRITE};
-use crate::fuse::wire;
+use connection::Entry;
 
 /// The module parameter root sets to let mounts use FUSE over io_uring.
 pub const ENABLE_PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
@@ -41,10 +41,6 @@ const ENTRIES_PER_QUEUE: usize = 2;
 /// The payload buffer: the largest request or reply (max_write; the kernel sizes reads the
 /// same through max_pages).
 const PAYLOAD_SIZE: usize = MAX_WRITE as usize;
-/// user_data of the stop eventfd's poll.
-const STOP: u64 = u64::MAX;
-/// How long a queue keeps retrying registration while the kernel finishes INIT.
-const REGISTER_PATIENCE: Duration = Duration::from_secs(10);
 
 /// How a mount's requests reach the daemon.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -95,66 +91,33 @@ fn possible_cpus() -> io::Result<Vec<usize>> {
 /// The io_uring side of one mount.
 pub struct Ring {
     transport: Transport,
-    device: Arc<DeviceSlot>,
-    queues: Mutex<Vec<QueueHandle>>,
+    state: Mutex<RingState>,
 }
 
-/// The session's /dev/fuse descriptor. fuser answers INIT inside `Session::new`, before the
-/// mount can hand the descriptor over, so the queues are made at INIT and wait here for it.
-#[derive(Default)]
-struct DeviceSlot {
-    fd: Mutex<DeviceState>,
-    changed: Condvar,
-}
-
-#[derive(Default)]
-enum DeviceState {
-    #[default]
-    Waiting,
-    Set(OwnedFd),
-    /// The ring stopped before a device came.
-    Closed,
-}
-
-impl DeviceSlot {
-    /// A duplicate of the device once it is set; None if the ring stopped first. No
-    /// timeout: once io_uring is negotiated the kernel holds every request until all queues
-    /// register, so a queue gives up only when the ring is stopped (the mount failed or ended).
-    fn wait(&self) -> Option<io::Result<OwnedFd>> {
-        let guard = self.fd.lock().unwrap_or_else(|p| p.into_inner());
-        let guard = self
-            .changed
-            .wait_while(guard, |s| matches!(s, DeviceState::Waiting))
-            .unwrap_or_else(|p| p.into_inner());
-        match &*guard {
-            DeviceState::Set(fd) => Some(fd.try_clone()),
-            _ => None,
-        }
-    }
-
-    fn set(&self, state: DeviceState) {
-        *self.fd.lock().unwrap_or_else(|p| p.into_inner()) = state;
-        self.changed.notify_all();
-    }
-}
-
-struct QueueHandle {
-    stop: OwnedFd,
-    thread: JoinHandle<()>,
+enum RingState {
+    /// Not offered to the kernel (yet).
+    Off,
+    /// Negotiated at INIT: the entries wait for the mounted device.
+    Started {
+        reactors: &'static reactor::Reactors,
+        ops: Arc<Operations>,
+        entries: Vec<Entry>,
+    },
+    /// On the host's rings.
+    Attached(Arc<connection::Connection>),
+    Stopped,
 }
 
 impl Ring {
     pub fn new(transport: Transport) -> Self {
         Self {
             transport,
-            device: Arc::default(),
-            queues: Mutex::new(Vec::new()),
+            state: Mutex::new(RingState::Off),
         }
     }
 
-    /// Gives the ring the mounted session's device (the queues register with it).
-    pub fn set_device(&self, fd: OwnedFd) {
-        self.device.set(DeviceState::Set(fd));
+    fn state(&self) -> std::sync::MutexGuard<'_, RingState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Whether to offer io_uring at INIT.
@@ -162,55 +125,74 @@ impl Ring {
         self.transport != Transport::Device && kernel_enabled()
     }
 
-    /// Sets up every queue and starts its thread; returns the number of queues. Nothing is
-    /// left running on error. The queues register once the device is set.
+    /// Makes the mount's entries, one set per kernel queue, and starts the host's rings if
+    /// they are not yet; returns the number of queues. The entries register once the mount
+    /// hands over its device ([`Ring::attach`]).
     pub fn start(&self, ops: Arc<Operations>) -> io::Result<usize> {
-        let mut prepared = Vec::new();
-        let callers = Arc::new(handoff::Callers::default());
-        let allowed = allowed_cpus();
-        for (qid, cpu) in possible_cpus()?.into_iter().enumerate() {
-            let serving = serving_cpu(cpu, &allowed);
-            prepared.push(Queue::new(qid as u16, serving, callers.clone())?);
-        }
-        let n = prepared.len();
-        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
-        for q in prepared {
-            let stop = q.stop.try_clone()?;
-            let ops = ops.clone();
-            let device = self.device.clone();
-            let thread = std::thread::Builder::new()
-                .name(format!("fuse-ring-{}", q.qid))
-                .spawn(move || q.serve(&device, &ops));
-            match thread {
-                Ok(thread) => queues.push(QueueHandle { stop, thread }),
-                Err(e) => {
-                    drop(queues);
-                    self.stop();
-                    return Err(e);
-                }
-            }
-        }
-        Ok(n)
+        let reactors = reactor::host(connection::handle)?;
+        let queues = reactors.for_queue.len();
+        let entries = (0..queues * ENTRIES_PER_QUEUE)
+            .map(|_| Entry::new())
+            .collect::<io::Result<Vec<_>>>()?;
+        *self.state() = RingState::Started {
+            reactors,
+            ops,
+            entries,
+        };
+        Ok(queues)
     }
 
-    /// Wakes every queue thread and waits for it to end.
+    /// Whether the kernel took the ring at INIT: the mount is then served by [`Ring::attach`].
+    pub fn is_started(&self) -> bool {
+        matches!(*self.state(), RingState::Started { .. })
+    }
+
+    /// Serves the mounted session's `device` on the host's rings: registers the entries and
+    /// polls the device; `on_end` runs on a thread of its own once the mount is gone.
+    pub fn attach(&self, device: OwnedFd, on_end: Box<dyn FnOnce() + Send>) {
+        let mut state = self.state();
+        let RingState::Started {
+            reactors,
+            ops,
+            entries,
+        } = std::mem::replace(&mut *state, RingState::Stopped)
+        else {
+            tracing::error!("a FUSE ring attached without being started");
+            return;
+        };
+        let conn = connection::attach(reactors, ops, entries, device, on_end, failpoint_submit());
+        *state = RingState::Attached(conn);
+    }
+
+    /// Waits until the kernel is done with the mount's entries (it ends them when the mount
+    /// is gone), so that nothing of the mount outlives its session.
     pub fn stop(&self) {
-        {
-            let mut fd = self.device.fd.lock().unwrap_or_else(|p| p.into_inner());
-            if matches!(*fd, DeviceState::Waiting) {
-                *fd = DeviceState::Closed;
-            }
+        let conn = match std::mem::replace(&mut *self.state(), RingState::Stopped) {
+            RingState::Attached(c) => c,
+            _ => return,
+        };
+        if !conn.wait_gone(Duration::from_secs(10)) {
+            tracing::error!("FUSE ring entries still registered 10 s after the mount ended");
+            return;
         }
-        self.device.changed.notify_all();
-        let queues = std::mem::take(&mut *self.queues.lock().unwrap_or_else(|p| p.into_inner()));
-        for q in &queues {
-            // An eventfd write of 1 makes the queue's poll complete.
-            let one = 1u64.to_ne_bytes();
-            let _ = nix::unistd::write(&q.stop, &one);
-        }
-        for q in queues {
-            if q.thread.join().is_err() {
-                tracing::error!("a FUSE ring queue thread panicked");
+        // The thread that answered the last completion may still hold the connection a
+        // moment: the volume goes with its last reference, and is to be closed on return.
+        let start = Instant::now();
+        let mut conn = conn;
+        loop {
+            match Arc::try_unwrap(conn) {
+                Ok(c) => {
+                    drop(c);
+                    return;
+                }
+                Err(c) if start.elapsed() < Duration::from_secs(1) => {
+                    conn = c;
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+                Err(_) => {
+                    tracing::warn!("a FUSE ring thread still holds an ended mount");
+                    return;
+                }
             }
         }
     }
@@ -222,257 +204,40 @@ impl Drop for Ring {
     }
 }
 
-/// One registered ring entry: the buffers the kernel writes requests into. They never move
-/// or shrink while registered (boxed, owned by the queue until its io_uring is gone).
-struct Entry {
-    header: Box<[u8; abi::HEADER_SIZE]>,
-    payload: RequestBuffer,
-    /// `struct iovec[2]` (base, length; base, length) for REGISTER, as plain words so the
-    /// queue can move to its thread.
-    iov: Box<[usize; 4]>,
-    commit_id: u64,
-}
-
-impl Entry {
-    fn new() -> io::Result<Self> {
-        let mut header = Box::new([0u8; abi::HEADER_SIZE]);
-        // A mapping: untouched pages of the large buffer cost no memory.
-        let mut payload = RequestBuffer::new(PAYLOAD_SIZE)?;
-        let iov = Box::new([
-            header.as_mut_ptr() as usize,
-            header.len(),
-            payload.as_mut_ptr() as usize,
-            payload.len(),
-        ]);
-        Ok(Self {
-            header,
-            payload,
-            iov,
-            commit_id: 0,
-        })
-    }
-}
-
-/// One CPU's queue, served by one thread.
-struct Queue {
-    qid: u16,
-    /// Where its thread runs: its own CPU, or the nearest one the daemon may use.
-    cpu: usize,
-    /// The session's device, once the mount has handed it over.
-    device: Option<OwnedFd>,
-    stop: OwnedFd,
-    // Declared before `entries`: the io_uring is torn down before the buffers it names.
-    uring: IoUring<squeue::Entry128, cqueue::Entry>,
-    entries: Vec<Entry>,
-    scratch: Vec<u8>,
-    handoff: handoff::Handoff,
-}
-
-impl Queue {
-    fn new(qid: u16, cpu: usize, callers: Arc<handoff::Callers>) -> io::Result<Self> {
-        let stop = nix::sys::eventfd::EventFd::from_flags(nix::sys::eventfd::EfdFlags::EFD_CLOEXEC)
-            .map_err(io::Error::from)?;
-        let mut builder = IoUring::<squeue::Entry128, cqueue::Entry>::builder();
-        if failpoint_submit() {
-            // A ring only this (the INIT) thread may submit to: the queue thread's first
-            // submission is refused by the kernel (EEXIST), as a broken io_uring would be.
-            builder.setup_single_issuer();
-        }
-        let uring = builder.build((ENTRIES_PER_QUEUE as u32 + 1).next_power_of_two())?;
-        Ok(Self {
-            qid,
-            cpu,
-            device: None,
-            stop: stop.into(),
-            uring,
-            entries: (0..ENTRIES_PER_QUEUE)
-                .map(|_| Entry::new())
-                .collect::<io::Result<_>>()?,
-            scratch: Vec::new(),
-            handoff: handoff::Handoff::new(callers, qid),
-        })
-    }
-
-    /// The ring command for entry `i`: REGISTER names its buffers, COMMIT_AND_FETCH hands
-    /// back its reply (by the request's commit id) and asks for the next request.
-    fn command(&self, i: usize, cmd: u32) -> squeue::Entry128 {
-        let mut req = [0u8; 80];
-        // struct fuse_uring_cmd_req: flags (u64), commit_id (u64), qid (u16).
-        if cmd == abi::CMD_COMMIT_AND_FETCH {
-            req[8..16].copy_from_slice(&self.entries[i].commit_id.to_le_bytes());
-        }
-        req[16..18].copy_from_slice(&self.qid.to_le_bytes());
-        let fd = self.device.as_ref().map_or(-1, |d| d.as_raw_fd());
-        let sqe = opcode::UringCmd80::new(types::Fd(fd), cmd)
-            .cmd(req)
-            .build()
-            .user_data(i as u64);
-        if cmd == abi::CMD_REGISTER {
-            let iov = &self.entries[i].iov;
-            with_address(sqe, iov.as_ptr() as u64, 2)
-        } else {
-            sqe
-        }
-    }
-
-    fn push(&mut self, sqe: &squeue::Entry128) {
-        // SAFETY: every buffer an SQE names (the entry's iovec array, header and payload) is
-        // owned by this queue and outlives its io_uring (field order), and no entry is
-        // submitted twice: each SQE is pushed once per completion of the same entry.
-        // The queue has room: it holds one SQE per entry plus the stop poll.
-        unsafe {
-            self.uring
-                .submission()
-                .push(sqe)
-                .expect("the submission queue holds every entry");
-        }
-    }
-
-    fn serve(mut self, device: &DeviceSlot, ops: &Operations) {
-        pin_to_cpu(self.cpu);
-        match device.wait() {
-            Some(Ok(fd)) => self.device = Some(fd),
-            Some(Err(e)) => {
-                tracing::error!(qid = self.qid, error = %e, "cannot use the FUSE device");
-                return;
-            }
-            None => return,
-        }
-        let poll = opcode::PollAdd::new(types::Fd(self.stop.as_raw_fd()), libc::POLLIN as u32)
-            .build()
-            .user_data(STOP);
-        // SAFETY: a poll names no buffer, only the eventfd this queue owns.
-        unsafe {
-            self.uring
-                .submission()
-                .push(&poll.into())
-                .expect("the submission queue has room for the stop poll");
-        }
-        for i in 0..self.entries.len() {
-            let sqe = self.command(i, abi::CMD_REGISTER);
-            self.push(&sqe);
-        }
-        let started = Instant::now();
-        let mut completions = Vec::with_capacity(ENTRIES_PER_QUEUE + 1);
-        let mut submitted = false;
-        loop {
-            if submitted && !self.uring.submission().is_empty() && self.handoff.next() {
-                // The replies go alone, so that their callers wake while this thread yields.
-                let (handoff, uring) = (&mut self.handoff, &self.uring);
-                match handoff.hand_off(&ops.metrics, || uring.submit()) {
-                    Err(e) if e.raw_os_error() != Some(libc::EINTR) => {
-                        tracing::error!(qid = self.qid, error = %e, "FUSE ring queue failed");
-                        return;
-                    }
-                    // Submitted, or left for the wait below.
-                    _ => {}
-                }
-            }
-            match self.uring.submit_and_wait(1) {
-                Ok(_) => submitted = true,
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-                Err(e) if !submitted => {
-                    // The entries never reached the kernel, which holds every request until
-                    // they do: turn the ring off for this mount instead.
-                    tracing::error!(qid = self.qid, error = %e, "FUSE ring queue cannot submit");
-                    self.fall_back();
-                    return;
-                }
-                Err(e) => {
-                    tracing::error!(qid = self.qid, error = %e, "FUSE ring queue failed");
-                    return;
-                }
-            }
-            completions.clear();
-            completions.extend(self.uring.completion().map(|c| (c.user_data(), c.result())));
-            for &(user_data, result) in &completions {
-                if user_data == STOP {
-                    return;
-                }
-                let i = user_data as usize;
-                match -result {
-                    0 => {
-                        self.answer(i, ops);
-                        let sqe = self.command(i, abi::CMD_COMMIT_AND_FETCH);
-                        self.push(&sqe);
-                    }
-                    // The kernel has not processed the INIT reply yet: register again.
-                    libc::EAGAIN | libc::EINTR if started.elapsed() < REGISTER_PATIENCE => {
-                        std::thread::sleep(Duration::from_micros(200));
-                        let sqe = self.command(i, abi::CMD_REGISTER);
-                        self.push(&sqe);
-                    }
-                    // Unmounted or aborted: the entries are over.
-                    libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED => {
-                        tracing::debug!(qid = self.qid, "FUSE ring queue ends");
-                        return;
-                    }
-                    errno => {
-                        tracing::error!(
-                            qid = self.qid,
-                            error = %io::Error::from_raw_os_error(errno),
-                            "FUSE ring entry failed; the kernel serves requests over /dev/fuse"
-                        );
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Makes the kernel serve this mount over /dev/fuse: a REGISTER it refuses (no buffers)
-    /// turns FUSE over io_uring off for the connection (`fc->io_uring = 0`), and the requests
-    /// waiting for the ring go to /dev/fuse. For a queue that failed before its entries
-    /// reached the kernel.
-    fn fall_back(&self) {
-        let refused = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-            .build(1)
-            .and_then(|mut uring| {
-                let sqe = with_address(self.command(0, abi::CMD_REGISTER), 0, 0);
-                // SAFETY: the command names no buffer (address 0, no iovecs).
-                unsafe { uring.submission().push(&sqe) }.map_err(io::Error::other)?;
-                uring.submit_and_wait(1)?;
-                let result = uring.completion().next().map_or(0, |c| c.result());
-                Ok(result)
-            });
-        match refused {
-            Ok(r) if r < 0 => tracing::warn!(
-                qid = self.qid,
-                "FUSE over io_uring turned off for this mount: serving over /dev/fuse"
-            ),
-            other => tracing::error!(
-                qid = self.qid,
-                ?other,
-                "could not turn FUSE over io_uring off; requests may wait for this queue"
-            ),
-        }
-    }
-
-    /// Answers the request in entry `i` and writes the reply into it.
-    fn answer(&mut self, i: usize, ops: &Operations) {
-        let e = &mut self.entries[i];
-        let f = wire::Fields(&e.header[..]);
-        e.commit_id = f.u64(abi::ENT_COMMIT_ID).unwrap_or(0);
-        let in_len = f.u32(abi::ENT_PAYLOAD_SZ).unwrap_or(0) as usize;
-        let Some(h) = wire::InHeader::parse(&e.header[..]) else {
-            return;
-        };
-        ops.metrics.add_ring_request();
-        self.handoff.saw(h.pid);
-        let op_in = &e.header[abi::OP_IN..abi::OP_IN + 128];
-        let (error, len) =
-            dispatch::answer_or_eio(ops, &h, op_in, &mut e.payload, in_len, &mut self.scratch);
-        wire::put_out_header(&mut e.header[..], h.unique, error, len);
-        e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
-            .copy_from_slice(&(len as u32).to_le_bytes());
-    }
-}
-
-/// Failpoint `fuse-ring-submit` (tests: `FAILPOINTS=fuse-ring-submit=return`) makes every
-/// queue's first submission fail, to show that the mount then falls back to /dev/fuse.
+/// Failpoint `fuse-ring-submit` (tests: `FAILPOINTS=fuse-ring-submit=return`): a mount's
+/// entries cannot be registered, to show that the mount then falls back to /dev/fuse.
 fn failpoint_submit() -> bool {
     fail::fail_point!("fuse-ring-submit", |_| true);
     false
+}
+
+/// Makes the kernel serve the mount of `device` over /dev/fuse: a REGISTER it refuses (no
+/// buffers) turns FUSE over io_uring off for the connection (`fc->io_uring = 0`), and the
+/// requests waiting for the ring go to /dev/fuse. For a mount whose entries cannot be
+/// registered, since the kernel holds every request until they are.
+fn fall_back(device: RawFd) {
+    let refused = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+        .build(1)
+        .and_then(|mut uring| {
+            let sqe = opcode::UringCmd80::new(types::Fd(device), abi::CMD_REGISTER)
+                .cmd([0u8; 80])
+                .build();
+            let sqe = with_address(sqe, 0, 0);
+            // SAFETY: the command names no buffer (address 0, no iovecs).
+            unsafe { uring.submission().push(&sqe) }.map_err(io::Error::other)?;
+            uring.submit_and_wait(1)?;
+            let result = uring.completion().next().map_or(0, |c| c.result());
+            Ok(result)
+        });
+    match refused {
+        Ok(r) if r < 0 => {
+            tracing::warn!("FUSE over io_uring turned off for this mount: serving over /dev/fuse")
+        }
+        other => tracing::error!(
+            ?other,
+            "could not turn FUSE over io_uring off; requests may wait for the ring"
+        ),
+    }
 }
 
 /// Sets an SQE's `addr` and `len` (the io_uring crate's UringCmd80 leaves them zero; the
@@ -556,9 +321,11 @@ mod tests {
             std::mem::size_of::<libc::iovec>(),
             2 * std::mem::size_of::<usize>()
         );
-        let mut e = Entry::new().unwrap();
-        assert_eq!(e.iov[0], e.header.as_mut_ptr() as usize);
-        assert_eq!(e.iov[3], PAYLOAD_SIZE);
+        let e = Entry::new().unwrap();
+        let (iov, header) = e.iovec_and_header();
+        assert_eq!(iov[0], header);
+        assert_eq!(iov[1], abi::HEADER_SIZE);
+        assert_eq!(iov[3], PAYLOAD_SIZE);
     }
 
     #[test]
@@ -593,18 +360,18 @@ mod tests {
     }
 
     #[test]
-    fn queues_started_before_the_device_comes_stop_at_once() {
+    fn a_ring_started_before_the_device_comes_stops_at_once() {
         let (_tmp, ops) = crate::fuse::ops::test_operations();
         let ring = Ring::new(Transport::Uring);
         let n = ring.start(ops).unwrap();
         assert_eq!(n, possible_cpus().unwrap().len());
-        assert_eq!(ring.queues.lock().unwrap().len(), n);
+        assert!(ring.is_started());
         let t = Instant::now();
         ring.stop();
-        assert!(ring.queues.lock().unwrap().is_empty());
+        assert!(!ring.is_started());
         assert!(
             t.elapsed() < Duration::from_secs(2),
-            "stop waited {:?} for queues that had no device",
+            "stop waited {:?} for entries that were never registered",
             t.elapsed()
         );
     }

@@ -1,0 +1,437 @@
+//! One mount on the host's rings: its ring entries (for each of the kernel's queues, a header
+//! and a payload buffer the kernel writes requests into), its /dev/fuse device, and how it
+//! ends.
+//!
+//! Why apart from the reactors: the reactors know threads and io_urings, a connection knows
+//! FUSE. Every connection sits in one registry; a completion names its connection by slot
+//! ([`Tag`]), so nothing in the kernel points at memory that could go away: a connection
+//! leaves the registry only when none of its commands can complete any more.
+//!
+//! How it ends: unmounting aborts the FUSE connection; the kernel completes every registered
+//! entry (ENOTCONN), commits of replies fail, and the device reads ENODEV. The first ENODEV
+//! cancels the device's poll and starts the session's end on a thread of its own; the last
+//! completion takes the connection out of the registry, and [`Connection::wait_gone`] returns.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use io_uring::{cqueue, opcode, squeue, types};
+
+use super::reactor::{Completion, Reactor, Reactors, Tag, Work};
+use super::{abi, with_address, ENTRIES_PER_QUEUE, PAYLOAD_SIZE};
+use crate::fuse::buffer::RequestBuffer;
+use crate::fuse::ops::Operations;
+use crate::fuse::{device, dispatch, wire};
+
+/// How long an entry keeps registering again while the kernel finishes INIT.
+const REGISTER_PATIENCE: Duration = Duration::from_secs(10);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One ring entry: the buffers the kernel writes requests into. They never move or shrink
+/// while registered (boxed or mapped, owned by the connection until it leaves the registry).
+pub struct Entry {
+    header: Box<[u8; abi::HEADER_SIZE]>,
+    payload: RequestBuffer,
+    /// `struct iovec[2]` (base, length; base, length) for REGISTER.
+    iov: Box<[usize; 4]>,
+    commit_id: u64,
+    /// Whether the kernel has taken the entry (its REGISTER completed with a request): its
+    /// commands from then on are COMMIT_AND_FETCH.
+    taken: bool,
+}
+
+impl Entry {
+    pub fn new() -> io::Result<Self> {
+        let mut header = Box::new([0u8; abi::HEADER_SIZE]);
+        // A mapping: untouched pages of the large buffer cost no memory.
+        let mut payload = RequestBuffer::new(PAYLOAD_SIZE)?;
+        let iov = Box::new([
+            header.as_mut_ptr() as usize,
+            header.len(),
+            payload.as_mut_ptr() as usize,
+            payload.len(),
+        ]);
+        Ok(Self {
+            header,
+            payload,
+            iov,
+            commit_id: 0,
+            taken: false,
+        })
+    }
+}
+
+#[cfg(test)]
+impl Entry {
+    /// The REGISTER iovec array and the header's address.
+    pub fn iovec_and_header(&self) -> ([usize; 4], usize) {
+        (*self.iov, self.header.as_ptr() as usize)
+    }
+}
+
+/// A mount on the host's rings.
+pub struct Connection {
+    slot: u32,
+    reactors: &'static Reactors,
+    ops: Arc<Operations>,
+    device: OwnedFd,
+    /// Entry `i` belongs to the kernel's queue `i / ENTRIES_PER_QUEUE`.
+    entries: Vec<Mutex<Entry>>,
+    /// Entries whose command may still complete, plus one for the device's poll.
+    live: AtomicUsize,
+    device_ended: AtomicBool,
+    on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    gone: Mutex<bool>,
+    gone_changed: Condvar,
+    attached: Instant,
+}
+
+/// Every connection on the rings, by slot: the slots in use and free, and for each reactor a
+/// copy of the table, which only its own CPU's threads read (no lock shared between CPUs on
+/// the way of a request).
+struct Registry {
+    free: Mutex<(u32, Vec<u32>)>,
+    tables: Vec<Mutex<Vec<Option<Arc<Connection>>>>>,
+}
+
+fn registry(reactors: &Reactors) -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| Registry {
+        free: Mutex::new((0, Vec::new())),
+        tables: reactors
+            .list
+            .iter()
+            .map(|_| Mutex::new(Vec::new()))
+            .collect(),
+    })
+}
+
+impl Registry {
+    fn take_slot(&self) -> u32 {
+        let mut free = lock(&self.free);
+        free.1.pop().unwrap_or_else(|| {
+            free.0 += 1;
+            free.0 - 1
+        })
+    }
+
+    /// Puts `conn` (or None) in its slot of every reactor's table.
+    fn set(&self, slot: u32, conn: Option<&Arc<Connection>>) {
+        for t in &self.tables {
+            let mut t = lock(t);
+            if t.len() <= slot as usize {
+                t.resize(slot as usize + 1, None);
+            }
+            t[slot as usize] = conn.cloned();
+        }
+    }
+
+    fn find(&self, reactor: &Reactor, slot: u32) -> Option<Arc<Connection>> {
+        lock(&self.tables[reactor.index()])
+            .get(slot as usize)?
+            .clone()
+    }
+}
+
+/// Puts a mount on the rings: registers its entries on the reactor of each entry's queue
+/// (none if `fall_back`: then the kernel is told to serve the mount over /dev/fuse) and
+/// polls its device. `on_end` runs, on a thread of its own, once the device has ended.
+pub fn attach(
+    reactors: &'static Reactors,
+    ops: Arc<Operations>,
+    entries: Vec<Entry>,
+    device: OwnedFd,
+    on_end: Box<dyn FnOnce() + Send>,
+    fall_back: bool,
+) -> Arc<Connection> {
+    if let Err(e) = nix::fcntl::fcntl(
+        device.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK),
+    ) {
+        tracing::warn!(error = %e, "FUSE device not made non-blocking");
+    }
+    let registered = if fall_back { 0 } else { entries.len() };
+    let conn = {
+        let reg = registry(reactors);
+        let slot = reg.take_slot();
+        let conn = Arc::new(Connection {
+            slot,
+            reactors,
+            ops,
+            device,
+            entries: entries.into_iter().map(Mutex::new).collect(),
+            live: AtomicUsize::new(registered + 1),
+            device_ended: AtomicBool::new(false),
+            on_end: Mutex::new(Some(on_end)),
+            gone: Mutex::new(false),
+            gone_changed: Condvar::new(),
+            attached: Instant::now(),
+        });
+        reg.set(slot, Some(&conn));
+        conn
+    };
+    if fall_back {
+        super::fall_back(conn.device.as_raw_fd());
+    } else {
+        for i in 0..conn.entries.len() {
+            let sqe = conn.command(i, abi::CMD_REGISTER);
+            // SAFETY: the entry's buffers live as long as the connection, which stays in the
+            // registry until this command has completed.
+            unsafe { conn.reactor_of(i).push(&sqe) };
+        }
+    }
+    conn.poll_device();
+    for r in &reactors.list {
+        r.submit();
+    }
+    conn
+}
+
+/// Answers completion `c` of a connection (an entry's or its device's), taken from
+/// `reactor`'s ring.
+pub fn handle(reactor: &'static Reactor, tag: Tag, c: Completion, work: &mut Work) {
+    let find = |slot| registry(reactor.host()).find(reactor, slot);
+    match tag {
+        Tag::Entry { slot, index } => {
+            if let Some(conn) = find(slot) {
+                conn.entry_completed(reactor, index as usize, c.result, work);
+            }
+        }
+        Tag::Device { slot } => {
+            if let Some(conn) = find(slot) {
+                conn.device_completed(c, work);
+            }
+        }
+        Tag::Wake | Tag::Bell => {}
+    }
+}
+
+impl Connection {
+    fn reactor_of(&self, entry: usize) -> &'static Reactor {
+        let r = self.reactors.for_queue[entry / ENTRIES_PER_QUEUE];
+        &self.reactors.list[r]
+    }
+
+    /// The reactor that polls the device.
+    fn device_reactor(&self) -> &'static Reactor {
+        &self.reactors.list[self.slot as usize % self.reactors.list.len()]
+    }
+
+    /// The ring command for entry `i`: REGISTER names its buffers, COMMIT_AND_FETCH hands
+    /// back its reply (by the request's commit id) and asks for the next request.
+    fn command(&self, i: usize, cmd: u32) -> squeue::Entry128 {
+        let e = lock(&self.entries[i]);
+        let mut req = [0u8; 80];
+        // struct fuse_uring_cmd_req: flags (u64), commit_id (u64), qid (u16).
+        if cmd == abi::CMD_COMMIT_AND_FETCH {
+            req[8..16].copy_from_slice(&e.commit_id.to_le_bytes());
+        }
+        let qid = (i / ENTRIES_PER_QUEUE) as u16;
+        req[16..18].copy_from_slice(&qid.to_le_bytes());
+        let tag = Tag::Entry {
+            slot: self.slot,
+            index: i as u32,
+        };
+        let sqe = opcode::UringCmd80::new(types::Fd(self.device.as_raw_fd()), cmd)
+            .cmd(req)
+            .build()
+            .user_data(tag.encode());
+        if cmd == abi::CMD_REGISTER {
+            with_address(sqe, e.iov.as_ptr() as u64, 2)
+        } else {
+            sqe
+        }
+    }
+
+    fn entry_completed(&self, reactor: &Reactor, i: usize, result: i32, work: &mut Work) {
+        match -result {
+            0 => {
+                self.answer(reactor, i, work);
+                let sqe = self.command(i, abi::CMD_COMMIT_AND_FETCH);
+                // SAFETY: as at REGISTER: the buffers outlive the command.
+                unsafe { reactor.push(&sqe) };
+            }
+            // REGISTER before the kernel processed the INIT reply: register again. (Only a
+            // REGISTER: the same buffers registered twice would take two requests at once.)
+            libc::EAGAIN | libc::EINTR
+                if !lock(&self.entries[i]).taken && self.attached.elapsed() < REGISTER_PATIENCE =>
+            {
+                std::thread::sleep(Duration::from_micros(200));
+                let sqe = self.command(i, abi::CMD_REGISTER);
+                // SAFETY: as at REGISTER.
+                unsafe { reactor.push(&sqe) };
+            }
+            // A commit refused before it was carried out: send it again.
+            libc::EAGAIN | libc::EINTR if lock(&self.entries[i]).taken => {
+                tracing::warn!(entry = i, errno = -result, "FUSE ring commit sent again");
+                let sqe = self.command(i, abi::CMD_COMMIT_AND_FETCH);
+                // SAFETY: as at REGISTER.
+                unsafe { reactor.push(&sqe) };
+            }
+            // Unmounted or aborted: the entry is over.
+            libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED => {
+                self.end_one();
+            }
+            errno => {
+                tracing::error!(
+                    entry = i,
+                    error = %io::Error::from_raw_os_error(errno),
+                    "FUSE ring entry failed; the kernel serves requests over /dev/fuse"
+                );
+                self.end_one();
+            }
+        }
+    }
+
+    /// Answers the request in entry `i` and writes the reply into it.
+    fn answer(&self, reactor: &Reactor, i: usize, work: &mut Work) {
+        let mut guard = lock(&self.entries[i]);
+        let e = &mut *guard;
+        e.taken = true;
+        let f = wire::Fields(&e.header[..]);
+        e.commit_id = f.u64(abi::ENT_COMMIT_ID).unwrap_or(0);
+        let in_len = f.u32(abi::ENT_PAYLOAD_SZ).unwrap_or(0) as usize;
+        let Some(h) = wire::InHeader::parse(&e.header[..]) else {
+            return;
+        };
+        let metrics = &self.ops.metrics;
+        metrics.add_ring_request();
+        if !work
+            .metrics
+            .as_ref()
+            .is_some_and(|m| Arc::ptr_eq(m, metrics))
+        {
+            work.metrics = Some(metrics.clone());
+        }
+        reactor.saw_caller(h.pid);
+        let op_in = &e.header[abi::OP_IN..abi::OP_IN + 128];
+        let (error, len) = dispatch::answer_or_eio(
+            &self.ops,
+            &h,
+            op_in,
+            &mut e.payload,
+            in_len,
+            &mut work.scratch,
+        );
+        wire::put_out_header(&mut e.header[..], h.unique, error, len);
+        e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
+            .copy_from_slice(&(len as u32).to_le_bytes());
+    }
+
+    fn poll_device(&self) {
+        let poll = opcode::PollAdd::new(types::Fd(self.device.as_raw_fd()), libc::POLLIN as u32)
+            .multi(true)
+            .build()
+            .user_data(Tag::Device { slot: self.slot }.encode());
+        // SAFETY: a poll names no buffer; the device stays open while the connection is in
+        // the registry, which it leaves only after the poll's last completion.
+        unsafe { self.device_reactor().push(&poll.into()) };
+    }
+
+    fn device_completed(&self, c: Completion, work: &mut Work) {
+        if c.result >= 0 {
+            if !self.device_ended.load(Ordering::Acquire) {
+                self.read_device(work);
+            }
+        } else if c.result != -libc::ECANCELED {
+            tracing::error!(
+                error = %io::Error::from_raw_os_error(-c.result),
+                "cannot poll the FUSE device"
+            );
+            self.end_device();
+        }
+        if !cqueue::more(c.flags) {
+            if self.device_ended.load(Ordering::Acquire) {
+                self.end_one();
+            } else {
+                self.poll_device();
+                self.device_reactor().submit();
+            }
+        }
+    }
+
+    /// Answers every request waiting on the device (FORGET and INTERRUPT; all requests once
+    /// the ring is off), until it is empty or ended.
+    fn read_device(&self, work: &mut Work) {
+        loop {
+            let buf = match &mut work.device_buffer {
+                Some(b) => b,
+                None => match RequestBuffer::new(device::BUFFER_SIZE) {
+                    Ok(b) => work.device_buffer.insert(b),
+                    Err(e) => {
+                        tracing::error!(error = %e, "no buffer to read the FUSE device");
+                        return;
+                    }
+                },
+            };
+            match nix::unistd::read(self.device.as_raw_fd(), buf) {
+                Ok(n) => device::answer(&self.device, &self.ops, buf, n, &mut work.scratch),
+                Err(nix::errno::Errno::EAGAIN) => return,
+                // The request was interrupted before it was read, or a signal.
+                Err(nix::errno::Errno::ENOENT | nix::errno::Errno::EINTR) => {}
+                Err(nix::errno::Errno::ENODEV) => {
+                    self.end_device();
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the FUSE device");
+                    self.end_device();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The device has ended (the mount is gone): stops its poll and starts the session's end.
+    fn end_device(&self) {
+        if self.device_ended.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let target = Tag::Device { slot: self.slot }.encode();
+        let cancel = opcode::AsyncCancel::new(target)
+            .build()
+            .user_data(Tag::Wake.encode());
+        let r = self.device_reactor();
+        // SAFETY: a cancel names no buffer.
+        unsafe { r.push(&cancel.into()) };
+        r.submit();
+        let Some(end) = lock(&self.on_end).take() else {
+            return;
+        };
+        let started = std::thread::Builder::new()
+            .name("fuse-end".into())
+            .spawn(end);
+        if let Err(e) = started {
+            tracing::error!(error = %e, "cannot start a thread to end a FUSE session");
+        }
+    }
+
+    /// One of the connection's commands will not complete again.
+    fn end_one(&self) {
+        if self.live.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let reg = registry(self.reactors);
+        reg.set(self.slot, None);
+        lock(&reg.free).1.push(self.slot);
+        *lock(&self.gone) = true;
+        self.gone_changed.notify_all();
+    }
+
+    /// Waits up to `timeout` until nothing of the kernel refers to the connection any more;
+    /// whether that happened.
+    pub fn wait_gone(&self, timeout: Duration) -> bool {
+        let gone = lock(&self.gone);
+        let (gone, _) = self
+            .gone_changed
+            .wait_timeout_while(gone, timeout, |g| !*g)
+            .unwrap_or_else(|p| p.into_inner());
+        *gone
+    }
+}
