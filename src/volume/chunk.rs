@@ -407,10 +407,11 @@ mod tests {
             "the stream erased chunks it did not bring in"
         );
         // (A read-ahead job that ends after the reader passed its chunk, having read it
-        // itself, leaves that chunk behind: a few of 768.)
+        // itself, leaves that chunk behind: a few of 768 alone, up to 151 seen while the
+        // other tests kept both CPUs busy and the jobs lagged. Without drop-behind 722 stay.)
         let left = cached(&spans(big.0, 48)) - 5;
         assert!(
-            left <= 24,
+            left <= 192,
             "{left} of the stream's 768 chunks stayed in the cache"
         );
         assert_eq!(
