@@ -44,6 +44,8 @@ pub struct Entry {
     /// Whether the kernel has taken the entry (its REGISTER completed with a request): its
     /// commands from then on are COMMIT_AND_FETCH.
     taken: bool,
+    /// Whether its last command ended for good (counted out of the connection's `live`).
+    ended: bool,
 }
 
 impl Entry {
@@ -63,6 +65,7 @@ impl Entry {
             iov,
             commit_id: 0,
             taken: false,
+            ended: false,
         })
     }
 }
@@ -86,6 +89,9 @@ pub struct Connection {
     /// Entries whose command may still complete, plus one for the device's poll.
     live: AtomicUsize,
     device_ended: AtomicBool,
+    /// Held while the device's poll is armed again or cancelled, so that a cancel never
+    /// misses a poll armed at the same time.
+    poll_turn: Mutex<()>,
     on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
     gone: Mutex<bool>,
     gone_changed: Condvar,
@@ -168,6 +174,7 @@ pub fn attach(
             entries: entries.into_iter().map(Mutex::new).collect(),
             live: AtomicUsize::new(registered + 1),
             device_ended: AtomicBool::new(false),
+            poll_turn: Mutex::new(()),
             on_end: Mutex::new(Some(on_end)),
             gone: Mutex::new(false),
             gone_changed: Condvar::new(),
@@ -276,15 +283,16 @@ impl Connection {
             }
             // Unmounted or aborted: the entry is over.
             libc::ENOTCONN | libc::ECONNABORTED | libc::ENODEV | libc::ECANCELED => {
-                self.end_one();
+                self.end_entry(i, result);
             }
             errno => {
                 tracing::error!(
                     entry = i,
                     error = %io::Error::from_raw_os_error(errno),
-                    "FUSE ring entry failed; the kernel serves requests over /dev/fuse"
+                    "FUSE ring entry failed; requests of its CPU may wait for the other entry \
+                     of its queue, or until unmount"
                 );
-                self.end_one();
+                self.end_entry(i, result);
             }
         }
     }
@@ -347,10 +355,13 @@ impl Connection {
             self.end_device();
         }
         if !cqueue::more(c.flags) {
+            let turn = lock(&self.poll_turn);
             if self.device_ended.load(Ordering::Acquire) {
+                drop(turn);
                 self.end_one();
             } else {
                 self.poll_device();
+                drop(turn);
                 self.device_reactor().submit();
             }
         }
@@ -390,6 +401,7 @@ impl Connection {
 
     /// The device has ended (the mount is gone): stops its poll and starts the session's end.
     fn end_device(&self) {
+        let turn = lock(&self.poll_turn);
         if self.device_ended.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -400,6 +412,7 @@ impl Connection {
         let r = self.device_reactor();
         // SAFETY: a cancel names no buffer.
         unsafe { r.push(&cancel.into()) };
+        drop(turn);
         r.submit();
         let Some(end) = lock(&self.on_end).take() else {
             return;
@@ -409,6 +422,24 @@ impl Connection {
             .spawn(end);
         if let Err(e) = started {
             tracing::error!(error = %e, "cannot start a thread to end a FUSE session");
+        }
+    }
+
+    /// Entry `i`'s command ended for good (with `result`); counted once, whatever the kernel
+    /// sends after.
+    fn end_entry(&self, i: usize, result: i32) {
+        let first = {
+            let mut e = lock(&self.entries[i]);
+            !std::mem::replace(&mut e.ended, true)
+        };
+        if first {
+            self.end_one();
+        } else {
+            tracing::error!(
+                entry = i,
+                result,
+                "FUSE ring: a completion for an entry that had ended; ignored"
+            );
         }
     }
 

@@ -40,7 +40,7 @@ use crate::metrics::MountMetrics;
 use crate::serving;
 
 /// The most threads in one CPU's crew: the leader, and threads answering requests that wait.
-pub const MAX_CREW: usize = 64;
+pub const MAX_CREW: usize = 256;
 /// A leader busy with one request this long loses the lead (the watch's check).
 pub const STUCK: Duration = Duration::from_millis(2);
 /// Submission queue size: commands pushed between two submissions.
@@ -325,8 +325,13 @@ impl Reactor {
     /// Whether commands wait to be submitted.
     fn unsubmitted(&self) -> bool {
         let _one = lock(&self.sq);
-        // SAFETY: the sq lock is held, so no other SubmissionQueue of this ring exists.
-        !unsafe { self.uring.submission_shared() }.is_empty()
+        // SAFETY: the sq lock is held, so no other SubmissionQueue of this ring exists. A
+        // statement of its own: the queue writes its tail back when dropped, which has to
+        // happen under the lock (a tail expression's temporary would be dropped after the
+        // guard, and an older tail written over a push made meanwhile sends the kernel round
+        // the ring again through stale commands).
+        let empty = unsafe { self.uring.submission_shared() }.is_empty();
+        !empty
     }
 
     /// Notes a request from thread `tid` (moves of callers between CPUs, [`handoff`]).
@@ -436,10 +441,14 @@ impl Reactor {
         }));
     }
 
-    /// Gives the lead of `term` to another thread: a waiting follower, or a new one.
-    fn release(&'static self, term: u64) {
+    /// Gives the lead of `term` to another thread: a waiting follower, or a new one. With
+    /// `since` (the watch's), only if the leader is still on the request it started then.
+    fn release(&'static self, term: u64, since: Option<u64>) {
         let mut crew = lock(&self.crew);
         if !crew.leader || crew.term != term {
+            return;
+        }
+        if since.is_some_and(|s| self.busy_since.load(Ordering::SeqCst) != s) {
             return;
         }
         crew.leader = false;
@@ -460,9 +469,9 @@ impl Reactor {
 
 impl serving::Lead for Reactor {
     fn give_up(&'static self, term: u64) {
-        self.release(term);
-        // Replies pushed by this thread go out before it waits.
-        self.submit();
+        // Not submitting here: commands this thread submits are delivered in its context,
+        // which is about to block. The next leader submits what it pushed.
+        self.release(term, None);
     }
 }
 
@@ -523,9 +532,10 @@ mod watch {
                     continue;
                 }
                 any = true;
+                let term = r.term.load(Ordering::SeqCst);
                 let tid = r.leader_tid.load(Ordering::SeqCst);
                 if now.saturating_sub(since) > STUCK.as_micros() as u64 && sleeps(tid) {
-                    r.release(r.term.load(Ordering::SeqCst));
+                    r.release(term, Some(since));
                 }
             }
             idle = if any { 0 } else { idle + 1 };
@@ -547,6 +557,51 @@ mod watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The submission queue is shared by threads under its lock: while one thread looks at it
+    /// and another pushes, every command pushed is submitted once, none twice, none lost.
+    #[test]
+    fn commands_pushed_beside_a_look_at_the_queue_are_each_submitted_once() {
+        let r: &'static Reactor = Box::leak(Box::new(
+            Reactor::new(0, 0, Arc::new(handoff::Callers::default())).unwrap(),
+        ));
+        let stop = Arc::new(AtomicBool::new(false));
+        let looker = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    r.unsubmitted();
+                }
+            })
+        };
+        CREW.set(true);
+        const N: usize = 200_000;
+        let mut done = 0;
+        let reap = |want: usize| {
+            r.uring.submit_and_wait(want).unwrap();
+            let _one = lock(&r.cq);
+            // SAFETY: the cq lock is held.
+            let cq = unsafe { r.uring.completion_shared() };
+            // `count` takes the queue: it writes its head back before the guard goes.
+            cq.count()
+        };
+        for i in 0..N {
+            let nop = opcode::Nop::new().build().user_data(i as u64);
+            // SAFETY: a no-op names no buffer.
+            unsafe { r.push(&nop.into()) };
+            if i % 256 == 255 {
+                done += reap(0);
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        looker.join().unwrap();
+        while done < N {
+            done += reap(1);
+        }
+        assert_eq!(done, N, "completions for {N} pushes");
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(reap(0), 0, "nothing submitted twice");
+    }
 
     #[test]
     fn tags_survive_their_encoding() {
