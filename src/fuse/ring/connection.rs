@@ -15,12 +15,12 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use io_uring::{cqueue, opcode, squeue, types};
 
-use super::reactor::{Completion, Reactor, Reactors, Tag, Work};
+use super::reactor::{lock, Completion, Reactor, Reactors, Tag, Work};
 use super::{abi, with_address, ENTRIES_PER_QUEUE, PAYLOAD_SIZE};
 use crate::fuse::buffer::RequestBuffer;
 use crate::fuse::ops::Operations;
@@ -28,10 +28,6 @@ use crate::fuse::{device, dispatch, wire};
 
 /// How long an entry keeps registering again while the kernel finishes INIT.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(10);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// One ring entry: the buffers the kernel writes requests into. They never move or shrink
 /// while registered (boxed or mapped, owned by the connection until it leaves the registry).
@@ -233,7 +229,11 @@ impl Connection {
     /// The ring command for entry `i`: REGISTER names its buffers, COMMIT_AND_FETCH hands
     /// back its reply (by the request's commit id) and asks for the next request.
     fn command(&self, i: usize, cmd: u32) -> squeue::Entry128 {
-        let e = lock(&self.entries[i]);
+        self.command_for(i, &lock(&self.entries[i]), cmd)
+    }
+
+    /// [`Self::command`] for entry `i`, `e`, already locked.
+    fn command_for(&self, i: usize, e: &Entry, cmd: u32) -> squeue::Entry128 {
         let mut req = [0u8; 80];
         // struct fuse_uring_cmd_req: flags (u64), commit_id (u64), qid (u16).
         if cmd == abi::CMD_COMMIT_AND_FETCH {
@@ -257,25 +257,24 @@ impl Connection {
     }
 
     fn entry_completed(&self, reactor: &Reactor, i: usize, result: i32, work: &mut Work) {
+        if result == 0 {
+            let sqe = self.answer(reactor, i, work);
+            // SAFETY: as at REGISTER: the buffers outlive the command.
+            unsafe { reactor.push(&sqe) };
+            return;
+        }
+        let taken = lock(&self.entries[i]).taken;
         match -result {
-            0 => {
-                self.answer(reactor, i, work);
-                let sqe = self.command(i, abi::CMD_COMMIT_AND_FETCH);
-                // SAFETY: as at REGISTER: the buffers outlive the command.
-                unsafe { reactor.push(&sqe) };
-            }
             // REGISTER before the kernel processed the INIT reply: register again. (Only a
             // REGISTER: the same buffers registered twice would take two requests at once.)
-            libc::EAGAIN | libc::EINTR
-                if !lock(&self.entries[i]).taken && self.attached.elapsed() < REGISTER_PATIENCE =>
-            {
+            libc::EAGAIN | libc::EINTR if !taken && self.attached.elapsed() < REGISTER_PATIENCE => {
                 std::thread::sleep(Duration::from_micros(200));
                 let sqe = self.command(i, abi::CMD_REGISTER);
                 // SAFETY: as at REGISTER.
                 unsafe { reactor.push(&sqe) };
             }
             // A commit refused before it was carried out: send it again.
-            libc::EAGAIN | libc::EINTR if lock(&self.entries[i]).taken => {
+            libc::EAGAIN | libc::EINTR if taken => {
                 tracing::warn!(entry = i, errno = -result, "FUSE ring commit sent again");
                 let sqe = self.command(i, abi::CMD_COMMIT_AND_FETCH);
                 // SAFETY: as at REGISTER.
@@ -297,8 +296,9 @@ impl Connection {
         }
     }
 
-    /// Answers the request in entry `i` and writes the reply into it.
-    fn answer(&self, reactor: &Reactor, i: usize, work: &mut Work) {
+    /// Answers the request in entry `i`, writes the reply into it, and gives the command that
+    /// hands the entry back (under the one lock of the entry).
+    fn answer(&self, reactor: &Reactor, i: usize, work: &mut Work) -> squeue::Entry128 {
         let mut guard = lock(&self.entries[i]);
         let e = &mut *guard;
         e.taken = true;
@@ -306,7 +306,7 @@ impl Connection {
         e.commit_id = f.u64(abi::ENT_COMMIT_ID).unwrap_or(0);
         let in_len = f.u32(abi::ENT_PAYLOAD_SZ).unwrap_or(0) as usize;
         let Some(h) = wire::InHeader::parse(&e.header[..]) else {
-            return;
+            return self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH);
         };
         let metrics = &self.ops.metrics;
         metrics.add_ring_request();
@@ -330,6 +330,7 @@ impl Connection {
         wire::put_out_header(&mut e.header[..], h.unique, error, len);
         e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
             .copy_from_slice(&(len as u32).to_le_bytes());
+        self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH)
     }
 
     fn poll_device(&self) {

@@ -54,7 +54,8 @@ thread_local! {
     static CREW: Cell<bool> = const { Cell::new(false) };
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// A mutex's guard, poisoned or not (the ring's state stays usable after a panic).
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
