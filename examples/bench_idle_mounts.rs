@@ -11,8 +11,11 @@
 //!      client process start);
 //!   3. every tenant used once (a 4 KiB file written, fsynced and read back), sampled at
 //!      once and again after the settle (idle stores' memtables are flushed by then);
-//!   4. the host cache released (`cache release`), as the governor would under pressure;
-//!   5. N unmounts through the socket (timed).
+//!   4. every mount dormant: idle for `[store] close_idle_after_secs` (IDLE_SECS, default the
+//!      shipped 60), its store closed; then each woken by a read of its file (timed: the
+//!      first request after a rest opens the store again), sampled once all are awake;
+//!   5. the host cache released (`cache release`), as the governor would under pressure;
+//!   6. N unmounts through the socket (timed).
 //!
 //! Then K mounts and unmounts through the CLI (`tenantfs mount`/`umount`, what an operator or
 //! the mount helper pays: a process start plus the request) beside K runs of `tenantfs stats`,
@@ -20,8 +23,9 @@
 //! /sbin/mount.tenantfs is installed, K `mount -t tenantfs` (mount(8) and the helper script).
 //!
 //! usage: cargo build --release --bins --examples
-//!        cargo run --release --example bench_idle_mounts [-- TENANTS CLI_MOUNTS]
-//! Needs root and /dev/fuse.
+//!        cargo run --release --example bench_idle_mounts [-- TENANTS CLI_MOUNTS IDLE_SECS]
+//! Needs root and /dev/fuse. It raises its open-files limit for the daemon where it may (10,000
+//! mounts awake hold about 150,000 descriptors, dormant about 40,000).
 
 mod common;
 
@@ -212,7 +216,15 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let n: usize = args.first().map_or(100, |s| s.parse().expect("TENANTS"));
     let k: usize = args.get(1).map_or(20, |s| s.parse().expect("CLI_MOUNTS"));
+    let idle_secs: u64 = args.get(2).map_or(60, |s| s.parse().expect("IDLE_SECS"));
     assert!(nix::unistd::geteuid().is_root(), "needs root");
+    assert!(idle_secs > 0, "IDLE_SECS: mounts must rest for step 4");
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if setrlimit(Resource::RLIMIT_NOFILE, 1 << 20, 1 << 20).is_err() {
+        // Without CAP_SYS_RESOURCE the hard limit stays: it bounds the mounts.
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        println!("open-files limit stays at {hard} (no CAP_SYS_RESOURCE to raise it)");
+    }
     assert!(k <= n && k > 0 && n > 0);
 
     let tmp = tempfile::Builder::new()
@@ -231,7 +243,11 @@ fn main() {
         _tmp: tmp,
     };
     // The shipped defaults, except a budget small enough not to matter.
-    fs::write(&b.cfg, "[cache]\nbudget = \"256M\"\n").unwrap();
+    fs::write(
+        &b.cfg,
+        format!("[cache]\nbudget = \"256M\"\n[store]\nclose_idle_after_secs = {idle_secs}\n"),
+    )
+    .unwrap();
     b.ok(&["init"]);
     let t = Instant::now();
     let names: Vec<String> = (0..n).map(|i| format!("t{i:04}")).collect();
@@ -303,14 +319,43 @@ fn main() {
     sleep(SETTLE);
     let s2 = sample(&b, &tenants_dir);
 
-    // 4. Caches given back, as under memory pressure.
+    // 4. Every mount dormant, then each woken by a read.
+    let start = Instant::now();
+    let dormant = |b: &Bench| match b.request(&Request::Stats) {
+        Reply::Stats(s) => s.mounts.iter().filter(|m| m.dormant).count(),
+        other => panic!("stats answered {other:?}"),
+    };
+    while dormant(&b) < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(idle_secs + 120),
+            "{} of {n} mounts dormant after {} s",
+            dormant(&b),
+            start.elapsed().as_secs()
+        );
+        sleep(Duration::from_secs(1));
+    }
+    sleep(SETTLE);
+    let s_dormant = sample(&b, &tenants_dir);
+    let mut wake_ms = Vec::with_capacity(n);
+    for mp in &mps {
+        let t = Instant::now();
+        fs::File::open(mp.join("touched"))
+            .unwrap()
+            .read_exact_at(&mut back, 0)
+            .unwrap();
+        wake_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        assert_eq!(back, page);
+    }
+    let s_woken = sample(&b, &tenants_dir);
+
+    // 5. Caches given back, as under memory pressure.
     b.request(&Request::CacheRelease {
         bytes: u64::MAX / 2,
     });
     sleep(SETTLE);
     let s3 = sample(&b, &tenants_dir);
 
-    // 5. N unmounts through the socket.
+    // 6. N unmounts through the socket.
     let mut umount_ms = Vec::with_capacity(n);
     for mp in &mps {
         let t = Instant::now();
@@ -381,8 +426,10 @@ fn main() {
             &s2_now,
         ),
         ("3. the same, idle for the settle time", &s2),
-        ("4. after `cache release`", &s3),
-        ("5. all unmounted", &s4),
+        ("4. all dormant (stores closed while idle)", &s_dormant),
+        ("4. each woken by a read of its file", &s_woken),
+        ("5. after `cache release`", &s3),
+        ("6. all unmounted", &s4),
     ];
     for (i, (what, s)) in rows.iter().enumerate() {
         println!(
@@ -424,6 +471,10 @@ fn main() {
     let floor = summary(cli_noop.clone()).0;
     for (what, ms) in [
         ("mount through the socket (daemon's work)", mount_ms),
+        (
+            "first read of a dormant mount (open + read: the store opens)",
+            wake_ms,
+        ),
         ("umount through the socket (flush + close)", umount_ms),
         (
             "`tenantfs stats` (CLI floor: process start + one request)",

@@ -88,6 +88,9 @@ pub struct StoreConfig {
     /// Disk space of the data dir's filesystem kept back from tenants' growth, for deletes and
     /// the stores' upkeep: a size ("2G"; 0: none) or a percentage ("5%", the default).
     pub reserve: Reserve,
+    /// A mount that answers no request for this many seconds closes its tenant's store until
+    /// the next request (default 60; 0: stores stay open while mounted).
+    pub close_idle_after_secs: u64,
 }
 
 impl Default for StoreConfig {
@@ -96,7 +99,16 @@ impl Default for StoreConfig {
             write_buffers: ByteSize(64 << 20),
             direct_io: DirectIo::Auto,
             reserve: Reserve::default(),
+            close_idle_after_secs: 60,
         }
+    }
+}
+
+impl StoreConfig {
+    /// How long a mount stays idle before its store closes; `None`: never.
+    pub fn close_idle_after(&self) -> Option<std::time::Duration> {
+        (self.close_idle_after_secs > 0)
+            .then(|| std::time::Duration::from_secs(self.close_idle_after_secs))
     }
 }
 
@@ -195,6 +207,12 @@ impl Config {
             return Err(invalid(format!(
                 "metrics.listen = {a} is not a loopback address; use 127.0.0.1:PORT or [::1]:PORT \
                  (the metrics name tenants)"
+            )));
+        }
+        if config.store.close_idle_after_secs > 7 * 24 * 3600 {
+            return Err(invalid(format!(
+                "store.close_idle_after_secs = {} is out of range; use 0 (never) to 604800 (a week)",
+                config.store.close_idle_after_secs
             )));
         }
         if !(10..=60_000).contains(&config.pressure.interval_ms) {

@@ -204,6 +204,11 @@ impl MountMetrics {
             .fetch_max(n as u64, Ordering::Relaxed);
     }
 
+    /// FUSE requests answered so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
     /// A summary: per op calls, errors, p50/p99 upper bounds in microseconds; bytes.
     pub fn summary(&self) -> MountActivity {
         let mut ops = BTreeMap::new();
@@ -442,6 +447,10 @@ pub fn encode_mounts(
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HostNumbers {
     pub mounts: u64,
+    /// Mounts whose store is closed while they are idle.
+    pub dormant_mounts: u64,
+    /// Idle mounts' stores opened again by a request.
+    pub mount_wakes: u64,
     pub cache_budget_bytes: u64,
     pub cache_used_bytes: u64,
     pub cache_resident_bytes: u64,
@@ -472,6 +481,11 @@ pub fn encode_host(encoder: &mut DescriptorEncoder, h: &HostNumbers) -> std::fmt
     let gauges = [
         ("tenantfs_mounts", "Tenants mounted.", h.mounts),
         (
+            "tenantfs_dormant_mounts",
+            "Mounts idle with their store closed until the next request.",
+            h.dormant_mounts,
+        ),
+        (
             "tenantfs_cache_budget_bytes",
             "The host cache's budget now (the governor may hold it under the ceiling).",
             h.cache_budget_bytes,
@@ -497,6 +511,11 @@ pub fn encode_host(encoder: &mut DescriptorEncoder, h: &HostNumbers) -> std::fmt
     }
     let counters = [
         ("tenantfs_cache_hits", "Host cache hits.", h.cache_hits),
+        (
+            "tenantfs_mount_wakes",
+            "Idle mounts' stores opened again by a request.",
+            h.mount_wakes,
+        ),
         (
             "tenantfs_cache_misses",
             "Host cache misses.",

@@ -187,7 +187,7 @@ fn validate_block_size(size: u64) -> Result<u32, TenantError> {
 pub struct Tenant {
     info: TenantInfo,
     db: TenantDb,
-    _lock: Flock<File>,
+    lock: TenantLock,
 }
 
 impl Tenant {
@@ -198,6 +198,19 @@ impl Tenant {
     pub fn db(&self) -> &TenantDb {
         &self.db
     }
+
+    /// Another hold on the tenant's lock: it stays taken after this [`Tenant`] (and its
+    /// store) closes, until the hold drops too (a mount that closes its idle store keeps
+    /// the tenant its own: see [`open_locked`]).
+    pub fn lock(&self) -> TenantLock {
+        self.lock.clone()
+    }
+}
+
+/// The tenant's lock file, locked by this process (shared by the holds on it).
+#[derive(Clone)]
+pub struct TenantLock {
+    _held: std::sync::Arc<Flock<File>>,
 }
 
 /// Creates a tenant with a fresh key and an empty store.
@@ -359,17 +372,53 @@ fn lock(dir: &Path, name: &str) -> Result<Flock<File>, TenantError> {
 pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, TenantError> {
     let dir = tenant_dir(data.root(), name)?;
     let record = read_record(&dir, name)?;
+    // Unwrap before touching anything: a wrong key must change nothing at rest.
+    let key = unwrap_key(data, name, &dir, &record)?;
+    let lock = TenantLock {
+        _held: std::sync::Arc::new(lock(&dir, name)?),
+    };
+    open_store(host, name, &dir, record, key, lock)
+}
+
+/// Opens the store of a tenant this process holds locked already (`lock`, taken by an
+/// earlier [`open`]), as [`open`] does.
+pub fn open_locked(
+    data: &DataDir,
+    host: &StoreHost,
+    name: &str,
+    lock: TenantLock,
+) -> Result<Tenant, TenantError> {
+    let dir = tenant_dir(data.root(), name)?;
+    let record = read_record(&dir, name)?;
+    let key = unwrap_key(data, name, &dir, &record)?;
+    open_store(host, name, &dir, record, key, lock)
+}
+
+/// The tenant's key, unwrapped under the data dir's master key.
+fn unwrap_key(
+    data: &DataDir,
+    name: &str,
+    dir: &Path,
+    record: &TenantRecord,
+) -> Result<TenantKey, TenantError> {
     let wrapped = hex::decode(&record.wrapped_key).map_err(|e| TenantError::BadRecord {
         name: name.to_owned(),
         path: dir.join(RECORD),
         detail: e.to_string(),
     })?;
-    // Unwrap before touching anything: a wrong key must change nothing at rest.
-    let key = data
-        .master_key()
+    data.master_key()
         .unwrap_tenant_key(name, &wrapped)
-        .ok_or_else(|| TenantError::WrongKey(name.to_owned()))?;
-    let lock = lock(&dir, name)?;
+        .ok_or_else(|| TenantError::WrongKey(name.to_owned()))
+}
+
+fn open_store(
+    host: &StoreHost,
+    name: &str,
+    dir: &Path,
+    record: TenantRecord,
+    key: TenantKey,
+    lock: TenantLock,
+) -> Result<Tenant, TenantError> {
     let db = TenantDb::open(
         host,
         name,
@@ -378,9 +427,9 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, Tena
         OpenMode::Existing,
     )?;
     Ok(Tenant {
-        info: record.info(tree_bytes(&dir)),
+        info: record.info(tree_bytes(dir)),
         db,
-        _lock: lock,
+        lock,
     })
 }
 

@@ -258,9 +258,10 @@ pub fn open_volume(
     data: &DataDir,
     tenant: crate::tenants::Tenant,
     cache: Option<Arc<HostCache>>,
+    opening: crate::volume::Opening,
 ) -> Result<crate::volume::Volume, crate::volume::VolumeError> {
     let from_base = tenant.info().base.is_some();
-    let volume = crate::volume::Volume::open(tenant)?;
+    let volume = crate::volume::Volume::open_as(tenant, opening)?;
     Ok(if from_base {
         volume.with_base(Arc::new(BaseBlockReader::new(data, cache)))
     } else {

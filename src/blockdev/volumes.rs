@@ -7,7 +7,7 @@ use crate::base::{open_volume, BaseStore, ImageDevice};
 use crate::data_dir::DataDir;
 use crate::store::StoreHost;
 use crate::tenants::{self, NewTenant, TenantInfo};
-use crate::volume::{FileKind, Owner, SetAttr, Volume, ROOT_INO};
+use crate::volume::{FileKind, Opening, Owner, SetAttr, Volume, ROOT_INO};
 
 /// Creates block volume `name` of `size` bytes: empty (reads as zeros), or from raw image base
 /// `base` (its blocks shared, copy on write; `size` at least the image's, its size rounded up
@@ -85,9 +85,11 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<BlockDevice,
     if tenant.info().device_size.is_none() {
         return Err(BlockDevError::NotAVolume(name.to_owned()));
     }
-    let volume = open_volume(data, tenant, None).map_err(|source| BlockDevError::Volume {
-        name: name.to_owned(),
-        source,
+    let volume = open_volume(data, tenant, None, Opening::Fresh).map_err(|source| {
+        BlockDevError::Volume {
+            name: name.to_owned(),
+            source,
+        }
     })?;
     BlockDevice::new(volume)
 }

@@ -39,7 +39,7 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
         c.cache.misses
     );
     println!(
-        "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>6}",
+        "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>7}",
         "TENANT",
         "MOUNTPOINT / VOLUME AT",
         "READS",
@@ -52,11 +52,16 @@ pub fn stats(cli: &Cli, json: bool) -> Result<()> {
     );
     for m in &v.mounts {
         let place = m.mountpoint.display().to_string();
-        row(&m.tenant, &place, &m.activity, m.store.as_ref());
+        let state = match (m.dormant, m.store.as_ref()) {
+            (true, _) => "dormant",
+            (false, s) => s.map_or("-", StoreState::label),
+        };
+        row(&m.tenant, &place, &m.activity, state);
     }
     for d in &v.volumes {
         let place = super::volume::attached_at(d);
-        row(&d.served.volume, &place, &d.activity, d.store.as_ref());
+        let state = d.store.as_ref().map_or("-", StoreState::label);
+        row(&d.served.volume, &place, &d.activity, state);
     }
     for w in &v.waiting_volumes {
         println!(
@@ -108,7 +113,7 @@ fn quota_line(m: &MountReport) -> Option<String> {
 }
 
 /// One served tenant's line: a mount at its mountpoint, or a volume at its address.
-fn row(tenant: &str, place: &str, activity: &MountActivity, store: Option<&StoreState>) {
+fn row(tenant: &str, place: &str, activity: &MountActivity, state: &str) {
     let op = |o: &str| activity.ops.get(o).copied().unwrap_or_default();
     let lat = |o: &str| {
         let s = op(o);
@@ -119,7 +124,7 @@ fn row(tenant: &str, place: &str, activity: &MountActivity, store: Option<&Store
         }
     };
     println!(
-        "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>6}",
+        "{:<16} {:<32} {:>9} {:>9} {:>9} {:>9} {:>14} {:>14} {:>7}",
         tenant,
         place,
         op("read").calls,
@@ -128,7 +133,7 @@ fn row(tenant: &str, place: &str, activity: &MountActivity, store: Option<&Store
         mib(activity.written_bytes),
         lat("read"),
         lat("write"),
-        store.map_or("-", StoreState::label)
+        state
     );
 }
 

@@ -157,9 +157,12 @@ pub struct MountReport {
     pub mountpoint: PathBuf,
     #[serde(flatten)]
     pub activity: MountActivity,
-    /// Whether the store takes writes (absent once the session has ended).
+    /// Whether the store takes writes (absent once the session has ended, and while dormant).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store: Option<StoreState>,
+    /// The mount is idle and its store closed; the next request opens it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub dormant: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub direct_io: Option<bool>,
     /// Its I/O limits and weight.
@@ -305,6 +308,7 @@ mod tests {
                         free_bytes: 1,
                         needs_free_bytes: 2,
                     }),
+                    dormant: false,
                     direct_io: Some(true),
                     limits: LimitsInForce {
                         iops_limit: Some(1000),
@@ -325,6 +329,7 @@ mod tests {
                     mountpoint: "/m/b".into(),
                     activity: activity.clone(),
                     store: None,
+                    dormant: true,
                     direct_io: None,
                     limits: LimitsInForce::default(),
                     quota: None,

@@ -197,6 +197,7 @@ impl Daemon {
         self.retry_volumes();
         self.host.resume_stores();
         self.host.flush_idle_stores();
+        self.host.rest_idle_mounts();
         self.tell_systemd();
     }
 
@@ -224,7 +225,10 @@ impl Daemon {
         drop(volumes);
         let full: Vec<&str> = sessions
             .iter()
-            .filter(|s| s.store().is_some_and(|(s, _)| s.label() != "rw"))
+            .filter(|s| {
+                s.store()
+                    .is_some_and(|(s, _)| s.is_some_and(|s| s.label() != "rw"))
+            })
             .map(|s| s.tenant())
             .collect();
         if !full.is_empty() {
@@ -389,6 +393,7 @@ pub fn run_one_mount(
     while !session.wait(Some(SUPERVISE_EVERY)) {
         host.resume_stores();
         host.flush_idle_stores();
+        host.rest_idle_mounts();
     }
     session.join();
     drop(server);

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use fuser::{Filesystem, InitFlags, KernelConfig, Request};
 
+use super::dormancy::ServedVolume;
 use super::mount::MountOptions;
 use super::ops::{CacheMode, Operations, MAX_WRITE};
 use super::ring::Ring;
 use crate::metrics::MountMetrics;
-use crate::volume::Volume;
 
 /// What fuser holds of a mount: the operations (for INIT and the final sync at DESTROY) and
 /// the ring.
@@ -24,7 +24,11 @@ pub struct Handshake {
 impl Handshake {
     /// The filesystem of `volume` as `options` say (page cache, transport, limits), counting
     /// operations into `metrics` (shared with whoever reports them).
-    pub fn new(volume: Arc<Volume>, options: &MountOptions, metrics: Arc<MountMetrics>) -> Self {
+    pub fn new(
+        volume: Arc<ServedVolume>,
+        options: &MountOptions,
+        metrics: Arc<MountMetrics>,
+    ) -> Self {
         let (cache, transport) = (options.cache, options.transport);
         Self {
             ops: Arc::new(Operations::new(volume, cache, metrics).with_limits(options.limits)),

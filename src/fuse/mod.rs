@@ -7,6 +7,7 @@ mod buffer;
 mod caller;
 mod device;
 mod dispatch;
+mod dormancy;
 mod handshake;
 mod listing_prefetch;
 mod mount;
@@ -16,6 +17,7 @@ mod ring;
 mod session;
 mod wire;
 
+pub use dormancy::{Reopen, ServedVolume};
 pub use mount::{
     block_shutdown_signals, find_mount, parse_mountinfo, prepare_mountpoint, unmount,
     wait_for_shutdown_signal, MountEntry, MountError, MountOptions, FS_TYPE,

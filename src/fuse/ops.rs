@@ -13,6 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 use fuser::{Errno, FileAttr, FileType, FopenFlags, INodeNo};
 
 use super::caller::CapabilityRemovals;
+use super::dormancy::ServedVolume;
 use super::listing_prefetch::{self, ListingPrefetch};
 use super::notify::KernelNotifier;
 use crate::fair_share::Turn;
@@ -79,7 +80,7 @@ pub(crate) fn rename_mode(flags: u32) -> Result<RenameMode, Errno> {
 
 /// The FUSE operations of one tenant's mount.
 pub(crate) struct Operations {
-    volume: Arc<Volume>,
+    volume: Arc<ServedVolume>,
     cache: CacheMode,
     /// Kernel references per inode (lookups minus forgets): a removed file is freed at zero.
     lookups: Mutex<HashMap<u64, u64>>,
@@ -153,7 +154,11 @@ fn xattr_reply(size: u32, r: Result<Vec<u8>, VolumeError>) -> Result<Xattr, Errn
 }
 
 impl Operations {
-    pub(crate) fn new(volume: Arc<Volume>, cache: CacheMode, metrics: Arc<MountMetrics>) -> Self {
+    pub(crate) fn new(
+        volume: Arc<ServedVolume>,
+        cache: CacheMode,
+        metrics: Arc<MountMetrics>,
+    ) -> Self {
         Self {
             volume,
             cache,
@@ -207,7 +212,8 @@ impl Operations {
         what: &'static str,
         f: impl FnOnce(&Volume) -> Result<T, VolumeError>,
     ) -> Result<T, VolumeError> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&self.volume))).unwrap_or_else(
+        let volume = self.volume.get()?;
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&volume))).unwrap_or_else(
             |panic| {
                 let detail = panic
                     .downcast_ref::<&str>()
@@ -215,7 +221,7 @@ impl Operations {
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_default();
                 tracing::error!(
-                    tenant = %self.volume.tenant().info().name,
+                    tenant = %self.volume.tenant(),
                     op = what,
                     %detail,
                     "a request panicked; it fails with EIO, the mount keeps serving"
@@ -264,9 +270,9 @@ impl Operations {
         }
     }
 
-    /// Makes everything durable when the session ends.
+    /// Makes everything durable when the session ends (a dormant store is, and stays closed).
     pub(crate) fn destroy(&self) {
-        if let Err(e) = self.vol("fsync", |v| v.fsync()) {
+        if let Some(Err(e)) = self.volume.if_awake(|v| v.fsync()) {
             tracing::error!(error = %e, "final sync failed");
         }
     }
@@ -296,7 +302,7 @@ impl Operations {
                 None => true,
             }
         };
-        if gone {
+        if gone && self.volume.forget_needs_store(ino) {
             if let Err(e) = self.vol("forget", |v| v.forget(ino)) {
                 tracing::error!(ino, error = %e, "cannot free a removed file");
             }
@@ -428,7 +434,13 @@ impl Operations {
 
     /// A read of `ino` from its start: warms the small files listed after it.
     fn warm_after(&self, ino: u64) {
-        self.volume.warm_files(self.listed.reading(ino));
+        let files = self.listed.reading(ino);
+        if !files.is_empty() {
+            let _ = self.vol("read", |v| {
+                v.warm_files(files);
+                Ok(())
+            });
+        }
     }
 
     /// copy_file_range(2) within the mount (`cp` copies with it): the bytes go from file to
@@ -721,7 +733,7 @@ pub(crate) fn system_time(secs: u64, nanos: u32) -> SystemTime {
 #[cfg(test)]
 pub(crate) fn test_operations() -> (crate::volume::TestStore, Arc<Operations>) {
     let store = crate::volume::TestStore::new();
-    let volume = store.open();
+    let volume = ServedVolume::new(store.open(), None);
     let ops = Operations::new(Arc::new(volume), CacheMode::Direct, MountMetrics::new());
     (store, Arc::new(ops))
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 use fuser::{Config, MountOption, SessionACL};
 
 use super::device;
+use super::dormancy::ServedVolume;
 use super::handshake::Handshake;
 use super::mount::{prepare_mountpoint, unmount, MountError, MountOptions, SOURCE_PREFIX};
 use super::ops::Operations;
@@ -25,7 +26,6 @@ use super::ring::{self, Transport};
 use crate::io_limits::IoLimits;
 use crate::metrics::MountMetrics;
 use crate::store::StoreState;
-use crate::volume::Volume;
 
 /// The most threads answering FUSE requests on /dev/fuse for one mount at once (they start
 /// on demand from one).
@@ -81,7 +81,7 @@ pub struct Session {
     metrics: Arc<MountMetrics>,
     /// The served volume while the session runs (the serving thread owns it, so the store
     /// closes as soon as the session ends).
-    volume: Weak<Volume>,
+    volume: Weak<ServedVolume>,
     /// The operations while the session runs: its I/O limits change through them.
     ops: Weak<Operations>,
     control: Mutex<Control>,
@@ -91,7 +91,7 @@ pub struct Session {
 impl Session {
     /// Mounts `volume` at `mountpoint` and serves it from new threads; returns once mounted.
     pub fn start(
-        volume: Volume,
+        volume: ServedVolume,
         mountpoint: &Path,
         options: &MountOptions,
     ) -> Result<Self, MountError> {
@@ -99,7 +99,7 @@ impl Session {
         if options.transport == Transport::Uring && !ring::kernel_enabled() {
             return Err(MountError::UringOff);
         }
-        let tenant = volume.tenant().info().name.clone();
+        let tenant = volume.tenant().to_owned();
         let metrics = MountMetrics::new();
         let volume = Arc::new(volume);
         let served = Arc::downgrade(&volume);
@@ -189,16 +189,24 @@ impl Session {
     }
 
     /// The served volume, while the session runs.
-    pub fn volume(&self) -> Option<Arc<Volume>> {
+    pub fn volume(&self) -> Option<Arc<ServedVolume>> {
         self.volume.upgrade()
     }
 
-    /// The served store: whether it takes writes, and whether it uses O_DIRECT. None once
-    /// the session has ended.
-    pub fn store(&self) -> Option<(StoreState, bool)> {
+    /// The served store: whether it takes writes (`None` while dormant: closed), and whether
+    /// it uses O_DIRECT. None once the session has ended.
+    pub fn store(&self) -> Option<(Option<StoreState>, bool)> {
         let v = self.volume()?;
-        let db = v.tenant().db();
-        Some((db.state(), db.direct_io()))
+        let state = v.if_awake(|v| v.tenant().db().state());
+        Some((state, v.direct_io()))
+    }
+
+    /// Closes the store if the mount has answered no request for `after` (see
+    /// [`super::dormancy`]); says whether it closed now.
+    pub fn rest_if_idle(&self, after: Duration) -> bool {
+        let requests = self.metrics.requests();
+        self.volume()
+            .is_some_and(|v| v.rest_if_idle(requests, after))
     }
 
     /// Whether the session has ended (unmounted from outside, e.g. by umount(8)).

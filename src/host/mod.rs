@@ -23,7 +23,7 @@ use crate::control::replies::{
 pub use crate::control::AttachVia;
 use crate::control::{LimitsChange, Refusal, RefusalCode, Reply, Request};
 use crate::data_dir::DataDir;
-use crate::fuse::{MountError, MountOptions, Session};
+use crate::fuse::{MountError, MountOptions, Reopen, ServedVolume, Session};
 use crate::metrics::{self, HostNumbers, MountMetrics};
 use crate::nbd::{NbdAddress, NbdExport, NbdKernelDevice};
 use crate::pressure::{Governor, GovernorConfig};
@@ -31,7 +31,7 @@ use crate::space::HostSpace;
 use crate::store::StoreHost;
 use crate::tenants::{self, TenantError};
 use crate::ublk::UblkTarget;
-use crate::volume::{Volume, VolumeError};
+use crate::volume::{Opening, Volume, VolumeError};
 
 mod attached;
 mod tenant_settings;
@@ -88,6 +88,19 @@ pub fn store_host(store: &StoreConfig, cache: Option<&HostCache>) -> StoreHost {
     .build()
 }
 
+/// `opened`'s volume on a host's cache and disk space: base blocks are read from the host's
+/// packs through the host block cache.
+fn volume_on(
+    data: &DataDir,
+    cache: &Arc<HostCache>,
+    space: &Arc<HostSpace>,
+    opened: tenants::Tenant,
+    opening: Opening,
+) -> Result<Volume, VolumeError> {
+    crate::base::open_volume(data, opened, Some(cache.clone()), opening)
+        .map(|v| v.with_space(space.clone()))
+}
+
 /// The sessions by mountpoint, shared with the metrics collector.
 type Sessions = Arc<Mutex<BTreeMap<PathBuf, Arc<Session>>>>;
 
@@ -111,10 +124,12 @@ pub const IDLE_FLUSH_AFTER: std::time::Duration = std::time::Duration::from_secs
 
 /// A serving process's shared resources and its sessions.
 pub struct ServingHost {
-    data: DataDir,
+    data: Arc<DataDir>,
     cache: Arc<HostCache>,
     governor: Option<Arc<Governor>>,
-    stores: StoreHost,
+    stores: Arc<StoreHost>,
+    /// A mount idle this long closes its store (`[store] close_idle_after`; `None`: never).
+    close_idle_after: Option<std::time::Duration>,
     role: Role,
     sessions: Sessions,
     exports: Exports,
@@ -138,7 +153,7 @@ impl ServingHost {
             )),
             None => None,
         };
-        let stores = store_host(&config.store, Some(&cache));
+        let stores = Arc::new(store_host(&config.store, Some(&cache)));
         let sessions = Sessions::default();
         let exports = Exports::default();
         let mut registry = Registry::default();
@@ -159,7 +174,8 @@ impl ServingHost {
             mounting: Mutex::default(),
             attaching: Mutex::default(),
             space: HostSpace::new(&data.tenants_dir(), config.store.reserve),
-            data,
+            close_idle_after: config.store.close_idle_after(),
+            data: Arc::new(data),
         })
     }
 
@@ -167,13 +183,31 @@ impl ServingHost {
     /// held by a process that is exiting, waits for it (`tenants::open_when_free`).
     pub fn open_volume(&self, tenant: &str) -> Result<Volume, HostError> {
         let opened = tenants::open_when_free(&self.data, &self.stores, tenant)?;
-        // Base blocks are read from the host's packs through the host block cache.
-        crate::base::open_volume(&self.data, opened, Some(self.cache.clone()))
-            .map(|v| v.with_space(self.space.clone()))
-            .map_err(|source| HostError::Volume {
-                tenant: tenant.to_owned(),
-                source,
-            })
+        self.volume_of(opened, Opening::Fresh)
+    }
+
+    /// The volume of `opened` on this host's cache and disk space.
+    fn volume_of(&self, opened: tenants::Tenant, opening: Opening) -> Result<Volume, HostError> {
+        let tenant = opened.info().name.clone();
+        volume_on(&self.data, &self.cache, &self.space, opened, opening)
+            .map_err(|source| HostError::Volume { tenant, source })
+    }
+
+    /// Opens `tenant`'s volume for a mount, whose store closes while the mount is idle
+    /// (`[store] close_idle_after`) and opens again on the lock the mount keeps.
+    fn open_served(&self, tenant: &str) -> Result<ServedVolume, HostError> {
+        let opened = tenants::open_when_free(&self.data, &self.stores, tenant)?;
+        let reopen = self.close_idle_after.map(|_| {
+            let (data, stores) = (self.data.clone(), self.stores.clone());
+            let (cache, space) = (self.cache.clone(), self.space.clone());
+            let (name, lock) = (tenant.to_owned(), opened.lock());
+            Box::new(move || {
+                let opened = tenants::open_locked(&data, &stores, &name, lock.clone())?;
+                Ok(volume_on(&data, &cache, &space, opened, Opening::Woken)?)
+            }) as Reopen
+        });
+        let volume = self.volume_of(opened, Opening::Fresh)?;
+        Ok(ServedVolume::new(volume, reopen))
     }
 
     /// The sessions that still run (those unmounted from outside, by umount(8), are
@@ -268,7 +302,7 @@ impl ServingHost {
         // The tenant first: after a kill -9 of the server that had it, opening waits for the
         // exiting holder, by which time the kernel has made its old mount dead, which
         // `Session::start` then detaches (checked first, a mount still dying looks live).
-        let volume = self.open_volume(tenant).map_err(|e| e.to_string())?;
+        let volume = self.open_served(tenant).map_err(|e| e.to_string())?;
         Session::start(volume, path, options).map_err(|e| e.to_string())
     }
 
@@ -477,8 +511,26 @@ impl ServingHost {
         });
     }
 
-    /// Calls `f` with the store of every served mount and volume, outside the sessions' lock
-    /// (a resume flushes memtables, which can take a while).
+    /// Closes the stores of mounts idle for `[store] close_idle_after` (see
+    /// `fuse::dormancy`), and gives the memory they held back to the kernel.
+    pub fn rest_idle_mounts(&self) {
+        let Some(after) = self.close_idle_after else {
+            return;
+        };
+        let rested = self
+            .all_sessions()
+            .iter()
+            .filter(|s| s.rest_if_idle(after))
+            .count();
+        if rested > 0 {
+            crate::cache::malloc::give_back_free_heap();
+            tracing::debug!(rested, "idle mounts' stores closed");
+        }
+    }
+
+    /// Calls `f` with the open store of every served mount and volume, outside the sessions'
+    /// lock (a resume flushes memtables, which can take a while). Dormant mounts' stores are
+    /// closed: nothing to do for them.
     fn each_store(&self, f: impl Fn(&crate::store::TenantDb)) {
         let served: Vec<_> = self
             .all_sessions()
@@ -486,7 +538,7 @@ impl ServingHost {
             .filter_map(|s| s.volume())
             .collect();
         for v in served {
-            f(v.tenant().db());
+            v.if_awake(|v| f(v.tenant().db()));
         }
         let devices: Vec<Arc<BlockDevice>> = lock(&self.exports)
             .values()
@@ -549,7 +601,8 @@ impl ServingHost {
                     mountpoint: s.path().to_owned(),
                     activity: s.metrics().summary(),
                     direct_io: store.as_ref().map(|(_, d)| *d),
-                    store: store.map(|(s, _)| s),
+                    dormant: store.as_ref().is_some_and(|(s, _)| s.is_none()),
+                    store: store.and_then(|(s, _)| s),
                     limits: s.limits().into(),
                     quota: s.volume().map(|v| v.quota()).filter(|q| !q.is_unlimited()),
                     usage: s.volume().map(|v| v.usage()),
@@ -683,6 +736,11 @@ impl Collector for HostCollector {
             .chain(devices.iter().map(|d| (d.name(), &**d.metrics())))
             .collect();
         metrics::encode_mounts(&mut encoder, &served)?;
+        let (mut dormant_mounts, mut mount_wakes) = (0, 0);
+        for v in sessions.iter().filter_map(|s| s.volume()) {
+            dormant_mounts += u64::from(v.is_dormant());
+            mount_wakes += v.rests_and_wakes().1;
+        }
         let c = self.cache.stats();
         let g = self
             .governor
@@ -693,6 +751,8 @@ impl Collector for HostCollector {
             &mut encoder,
             &HostNumbers {
                 mounts: mounts.len() as u64,
+                dormant_mounts,
+                mount_wakes,
                 cache_budget_bytes: c.budget_bytes,
                 cache_used_bytes: c.used_bytes,
                 cache_resident_bytes: c.resident_bytes,

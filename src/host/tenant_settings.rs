@@ -12,7 +12,6 @@ use crate::fair_share::MAX_WEIGHT;
 use crate::io_limits::IoLimits;
 use crate::quota::QuotaChange;
 use crate::tenants;
-use crate::volume::Volume;
 
 impl ServingHost {
     /// Changes the I/O limits of every mount of `tenant` here, or of the block volume `tenant`
@@ -106,13 +105,13 @@ impl ServingHost {
         bytes: Option<u64>,
         inodes: Option<u64>,
     ) -> Result<QuotaReply, Refusal> {
-        let volumes: Vec<Arc<Volume>> = self
+        // A tenant's lock lets one session of this process serve it.
+        let Some(served) = self
             .all_sessions()
             .into_iter()
             .filter(|s| s.tenant() == tenant)
-            .filter_map(|s| s.volume())
-            .collect();
-        let Some(volume) = volumes.first() else {
+            .find_map(|s| s.volume())
+        else {
             return Err(Refusal::new(
                 RefusalCode::NotServed,
                 format!("tenant {tenant} is not mounted by this process"),
@@ -122,21 +121,27 @@ impl ServingHost {
             bytes: bytes.map(NonZeroU64::new),
             inodes: inodes.map(NonZeroU64::new),
         };
-        let quota = volume.quota().changed(change);
-        tenants::set_quota_of_open(&self.data, volume.tenant(), quota).map_err(|e| {
+        let not_changed = |e: &dyn std::fmt::Display| {
             Refusal::new(
                 RefusalCode::Internal,
                 format!("tenant {tenant}: the quota was not changed: {e}"),
             )
-        })?;
-        for v in &volumes {
-            v.set_quota(quota);
-        }
+        };
+        // A dormant mount's store opens for it: the record and the counts change together.
+        let (quota, usage) = served
+            .woken(|volume| {
+                let quota = volume.quota().changed(change);
+                tenants::set_quota_of_open(&self.data, volume.tenant(), quota)?;
+                volume.set_quota(quota);
+                Ok::<_, tenants::TenantError>((quota, volume.usage()))
+            })
+            .map_err(|e| not_changed(&e))?
+            .map_err(|e| not_changed(&e))?;
         tracing::info!(tenant, ?quota, "quota set");
         Ok(QuotaReply {
             tenant: tenant.to_owned(),
             quota,
-            usage: volume.usage(),
+            usage,
         })
     }
 }

@@ -61,6 +61,11 @@ pub enum VolumeError {
     Format { tenant: String, found: u32 },
     #[error("internal error while serving {0} (a bug: see the log)")]
     Panicked(&'static str),
+    #[error(
+        "tenant {tenant}: its store, closed while the mount was idle, does not open again: \
+         {detail}; each request tries again (see the daemon's log)"
+    )]
+    Unwoken { tenant: String, detail: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -110,7 +115,8 @@ impl VolumeError {
             VolumeError::BaseBlock { .. }
             | VolumeError::Format { .. }
             | VolumeError::Incomplete { .. }
-            | VolumeError::Panicked(_) => libc::EIO,
+            | VolumeError::Panicked(_)
+            | VolumeError::Unwoken { .. } => libc::EIO,
             VolumeError::Store(e) if e.is_no_space() => libc::ENOSPC,
             VolumeError::Store(_) => libc::EIO,
         }

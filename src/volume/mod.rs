@@ -101,10 +101,25 @@ fn now() -> SystemTime {
     SystemTime::now()
 }
 
+/// Whether a volume opens for a new session or for one that goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Opening {
+    /// No session serves it: files unlinked while open in the last one are freed.
+    Fresh,
+    /// A mount whose store closed while idle and opens again: the kernel may still hold files
+    /// unlinked while open, and frees them by its forgets as usual.
+    Woken,
+}
+
 impl Volume {
     /// Opens the filesystem in a tenant's store, creating the root directory on first use and
     /// freeing files that were unlinked while open when the last session ended.
     pub fn open(tenant: Tenant) -> Result<Self> {
+        Self::open_as(tenant, Opening::Fresh)
+    }
+
+    /// [`Self::open`], for a new session or one that goes on (`opening`).
+    pub fn open_as(tenant: Tenant, opening: Opening) -> Result<Self> {
         let block_size = u64::from(tenant.info().block_size);
         let db = tenant.db();
         match db.get(Family::Meta, VOLUME_KEY)? {
@@ -216,7 +231,9 @@ impl Volume {
             });
         }
         volume.open_usage()?;
-        volume.purge_orphans()?;
+        if opening == Opening::Fresh {
+            volume.purge_orphans()?;
+        }
         Ok(volume)
     }
 

@@ -95,6 +95,14 @@ impl Volume {
 
     /// Frees every orphan: at open no process can still have one open.
     pub(super) fn purge_orphans(&self) -> Result<()> {
+        for ino in self.orphans()? {
+            self.purge(ino)?;
+        }
+        Ok(())
+    }
+
+    /// The files unlinked while open that are not freed yet (the kernel's forget frees them).
+    pub fn orphans(&self) -> Result<Vec<u64>> {
         let mut orphans = Vec::new();
         self.db().range(Family::Meta, b"O", b"P", |k, _| {
             if k.len() == 9 {
@@ -102,9 +110,6 @@ impl Volume {
             }
             true
         })?;
-        for ino in orphans {
-            self.purge(ino)?;
-        }
-        Ok(())
+        Ok(orphans)
     }
 }

@@ -49,7 +49,35 @@ impl TestStore {
     }
 
     pub(crate) fn open(&self) -> super::Volume {
-        super::Volume::open(crate::tenants::open(&self.data, &self.host, "t").unwrap()).unwrap()
+        super::Volume::open(self.open_tenant()).unwrap()
+    }
+
+    pub(crate) fn data_dir(&self) -> &crate::data_dir::DataDir {
+        &self.data
+    }
+
+    pub(crate) fn store_host(&self) -> &crate::store::StoreHost {
+        &self.host
+    }
+
+    pub(crate) fn open_tenant(&self) -> crate::tenants::Tenant {
+        crate::tenants::open(&self.data, &self.host, "t").unwrap()
+    }
+
+    /// The volume again, on the lock of a tenant this process holds, as an idle mount's
+    /// store opens again (see `fuse::dormancy`).
+    pub(crate) fn open_woken(
+        &self,
+        lock: crate::tenants::TenantLock,
+    ) -> super::Result<super::Volume> {
+        let tenant =
+            crate::tenants::open_locked(&self.data, &self.host, "t", lock).map_err(|e| {
+                super::VolumeError::Unwoken {
+                    tenant: "t".into(),
+                    detail: e.to_string(),
+                }
+            })?;
+        super::Volume::open_as(tenant, super::Opening::Woken)
     }
 }
 

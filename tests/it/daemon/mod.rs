@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 mod crew;
 mod disk;
+mod dormant;
 mod idle;
 mod limits;
 mod quotas;
