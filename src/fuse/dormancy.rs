@@ -4,46 +4,75 @@
 //! An open store is most of what an idle mount costs the daemon: RocksDB's version set,
 //! column families, table readers and memtables, and a dozen descriptors. A host mounts many
 //! more tenants than are busy at once, so a mount that has answered no request for
-//! `[store] close_idle_after` closes its store and keeps only what the kernel's side of the
-//! mount needs: the FUSE connection and its lookup counts (in `Operations`), the tenant's lock
-//! (no other process may open the store meanwhile) and what `stats` reports of it. The next
-//! request opens the store again (a few milliseconds, as a mount does) and is answered as if
-//! the store had stayed open: files stay open (the kernel holds no per-file state here: a
-//! FUSE file handle is stateless), files unlinked while open stay until the kernel forgets
-//! them ([`Opening::Woken`]), and the quota and usage are the store's own, kept at close.
+//! `[store] close_idle_after_secs` closes its store (the rest) and keeps only what the
+//! kernel's side of the mount needs: the FUSE connection and its lookup counts (in
+//! `Operations`), the tenant's lock (no other process may open the store meanwhile), and what
+//! `stats`, `statfs` and the host's reserve need of it. The next request opens the store again
+//! (the wake: a few milliseconds, as a mount) and is answered as if the store had stayed open:
+//! files stay open (a FUSE file handle is stateless here), files unlinked while open stay until
+//! the kernel forgets them ([`Opening::Woken`](crate::volume::Opening::Woken)), inode numbers
+//! go on from where they were, and the quota and usage are the store's own, kept at close.
 //!
-//! Requests take the volume under a read lock; resting takes the write lock only if no
+//! Only a writable store with no background work queued or running rests. STATFS does not
+//! count as use (monitoring asks every mount) and is answered while dormant.
+//!
+//! Requests take the volume under a read lock; a rest takes the write lock only if no
 //! request holds it (`try_write`), so a request is never held behind a store that is closing
 //! because of it, and a store never closes under a request.
 
-use std::error::Error;
 use std::ops::Deref;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use crate::quota::{Quota, Usage};
-use crate::volume::{Volume, VolumeError};
+use crate::store::StoreState;
+use crate::volume::{StatFs, Volume, VolumeError};
 
 /// Opens the tenant's volume again ([`Opening::Woken`](crate::volume::Opening::Woken)), on
 /// the lock the mount kept.
-pub type Reopen = Box<dyn Fn() -> Result<Volume, Box<dyn Error + Send + Sync>> + Send + Sync>;
+pub type Reopen = Box<dyn Fn() -> Result<Volume, VolumeError> + Send + Sync>;
+
+/// After a wake fails, requests fail at once for this long instead of each trying again.
+const RETRY_WAKE_AFTER: Duration = Duration::from_secs(1);
+
+/// Stores of idle mounts opened again by a request, in this process.
+static WAKES: AtomicU64 = AtomicU64::new(0);
+
+/// How many idle mounts' stores requests have opened again in this process.
+pub fn wakes() -> u64 {
+    WAKES.load(Ordering::Relaxed)
+}
 
 /// What a dormant mount keeps of its closed store.
 struct Closed {
     usage: Usage,
     quota: Quota,
     direct_io: bool,
+    /// The store's directory, for statfs.
+    path: PathBuf,
+    next_ino: u64,
     /// The files unlinked while open, waiting for the kernel's forget: a forget of any other
     /// inode has nothing to free, and need not open the store (the kernel forgets inodes by
     /// the thousand when it drops its caches).
     orphans: Vec<u64>,
+    /// What the host's reserve counts the tenant to hold (see `space`): kept so that it
+    /// still counts among the largest tenants while dormant.
+    _space_hold: Arc<AtomicU64>,
 }
 
 enum State {
     /// Boxed: a dormant mount keeps only the small variant.
     Awake(Box<Volume>),
     Dormant(Closed),
+}
+
+/// The last failed wake: when, and what it said.
+struct WakeFailure {
+    at: Instant,
+    detail: String,
+    no_space: bool,
 }
 
 /// The volume a mount serves: open, or closed while the mount is idle.
@@ -53,8 +82,11 @@ pub struct ServedVolume {
     state: RwLock<State>,
     /// `None`: the store stays open while mounted.
     reopen: Option<Reopen>,
-    /// The mount's request count when last looked at, and since when it has not changed.
+    /// The mount's use (requests less STATFS) when last looked at, and since when it has not
+    /// changed.
     quiet: Mutex<(u64, Instant)>,
+    statfs_calls: AtomicU64,
+    failed_wake: Mutex<Option<WakeFailure>>,
     rests: AtomicU64,
     wakes: AtomicU64,
 }
@@ -72,12 +104,24 @@ impl Deref for Awake<'_> {
     }
 }
 
-fn closed(volume: &Volume) -> Result<Closed, VolumeError> {
+/// What `volume` keeps when it rests, or why it does not rest now.
+fn closed(volume: &Volume) -> Result<Closed, String> {
+    let db = volume.tenant().db();
+    if db.state() != StoreState::Writable {
+        // Opening it again may need the room it lacks: it stays open, serving reads.
+        return Err("its store does not take writes".into());
+    }
+    if volume.has_background_work() {
+        return Err("background work is queued or runs".into());
+    }
     Ok(Closed {
         usage: volume.usage(),
         quota: volume.quota(),
-        direct_io: volume.tenant().db().direct_io(),
-        orphans: volume.orphans()?,
+        direct_io: db.direct_io(),
+        path: db.path().to_owned(),
+        next_ino: volume.next_ino(),
+        orphans: volume.orphans().map_err(|e| e.to_string())?,
+        _space_hold: volume.space_hold(),
     })
 }
 
@@ -90,6 +134,8 @@ impl ServedVolume {
             state: RwLock::new(State::Awake(Box::new(volume))),
             reopen,
             quiet: Mutex::new((0, Instant::now())),
+            statfs_calls: AtomicU64::new(0),
+            failed_wake: Mutex::new(None),
             rests: AtomicU64::new(0),
             wakes: AtomicU64::new(0),
         }
@@ -121,24 +167,55 @@ impl ServedVolume {
 
     /// Opens the store again (once, however many requests ask at the same time).
     fn wake(&self) -> Result<(), VolumeError> {
+        // Opening takes milliseconds: the ring's crew serves other tenants meanwhile.
+        crate::serving::will_wait();
         let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
-        let State::Dormant(_) = &*state else {
+        let State::Dormant(closed) = &*state else {
             return Ok(()); // another request woke it
         };
+        let mut failed = self.failed_wake.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = failed
+            .as_ref()
+            .filter(|f| f.at.elapsed() < RETRY_WAKE_AFTER)
+        {
+            return Err(VolumeError::Unwoken {
+                tenant: self.tenant.clone(),
+                detail: f.detail.clone(),
+                no_space: f.no_space,
+            });
+        }
         let reopen = self
             .reopen
             .as_ref()
             .expect("only a volume with a reopen rests");
         let start = Instant::now();
-        let volume = reopen().map_err(|e| {
-            tracing::error!(tenant = %self.tenant, error = %e, "cannot open the store of an idle mount again");
-            VolumeError::Unwoken {
-                tenant: self.tenant.clone(),
-                detail: e.to_string(),
+        let volume = match reopen() {
+            Ok(v) => v,
+            Err(e) => {
+                let no_space = e.errno() == libc::ENOSPC;
+                // Logged once per run of failures, then each retry quietly.
+                if failed.is_none() {
+                    tracing::error!(tenant = %self.tenant, error = %e, "cannot open the store of an idle mount again; requests fail until it opens (tried again each second)");
+                } else {
+                    tracing::debug!(tenant = %self.tenant, error = %e, "the store of an idle mount still does not open");
+                }
+                *failed = Some(WakeFailure {
+                    at: Instant::now(),
+                    detail: e.to_string(),
+                    no_space,
+                });
+                return Err(e);
             }
-        })?;
+        };
+        if failed.take().is_some() {
+            tracing::info!(tenant = %self.tenant, "the store of an idle mount opened again");
+        }
+        volume.give_inodes_from(closed.next_ino);
         *state = State::Awake(Box::new(volume));
+        // The next rest is a whole idle time away, whatever woke it (a forget, a quota).
+        self.quiet.lock().unwrap_or_else(|p| p.into_inner()).1 = Instant::now();
         self.wakes.fetch_add(1, Ordering::Relaxed);
+        WAKES.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(tenant = %self.tenant, took_us = start.elapsed().as_micros() as u64, "idle mount's store opened again");
         Ok(())
     }
@@ -155,6 +232,32 @@ impl ServedVolume {
     pub fn woken<R>(&self, f: impl FnOnce(&Volume) -> R) -> Result<R, VolumeError> {
         let volume = self.get()?;
         Ok(f(&volume))
+    }
+
+    /// The filesystem's numbers for statfs(2), from the closed store's while dormant (not a
+    /// use of the mount: it does not keep the store open).
+    pub(crate) fn statfs(&self) -> Result<StatFs, VolumeError> {
+        self.statfs_calls.fetch_add(1, Ordering::Relaxed);
+        match &*self.read() {
+            State::Awake(v) => v.statfs(),
+            State::Dormant(c) => {
+                let st = nix::sys::statvfs::statvfs(&c.path).map_err(|e| {
+                    crate::store::StoreError::Io {
+                        tenant: self.tenant.clone(),
+                        path: c.path.clone(),
+                        source: e.into(),
+                    }
+                })?;
+                let frag = st.fragment_size() as u64;
+                Ok(crate::volume::statfs_of(
+                    c.quota,
+                    c.usage,
+                    u64::from(self.block_size),
+                    st.blocks_available() as u64 * frag,
+                    st.blocks() as u64 * frag,
+                ))
+            }
+        }
     }
 
     /// Whether forgetting `ino` may have a file to free, so the store must be open for it
@@ -203,16 +306,18 @@ impl ServedVolume {
         )
     }
 
-    /// Closes the store if the mount's request count (`requests`) has not changed for
-    /// `after` and no request holds the volume. Says whether it closed now.
+    /// Closes the store if the mount's use (`requests` answered, less STATFS) has not changed
+    /// for `after`, no request holds the volume, the store takes writes and no background
+    /// work is queued or runs. Says whether it closed now.
     pub fn rest_if_idle(&self, requests: u64, after: Duration) -> bool {
         if self.reopen.is_none() {
             return false;
         }
+        let used = requests.wrapping_sub(self.statfs_calls.load(Ordering::Relaxed));
         {
             let mut quiet = self.quiet.lock().unwrap_or_else(|p| p.into_inner());
-            if quiet.0 != requests {
-                *quiet = (requests, Instant::now());
+            if quiet.0 != used {
+                *quiet = (used, Instant::now());
                 return false;
             }
             if quiet.1.elapsed() < after {
@@ -228,8 +333,8 @@ impl ServedVolume {
         };
         let rested = match closed(v) {
             Ok(c) => State::Dormant(c),
-            Err(e) => {
-                tracing::warn!(tenant = %self.tenant, error = %e, "an idle mount's store stays open");
+            Err(why) => {
+                tracing::debug!(tenant = %self.tenant, why, "an idle mount's store stays open");
                 return false;
             }
         };
@@ -237,8 +342,8 @@ impl ServedVolume {
             unreachable!("checked above under the same lock");
         };
         let start = Instant::now();
-        // Closing stops the volume's jobs, keeps its usage and syncs the store; requests that
-        // come meanwhile wait for the lock, then open it again.
+        // Closing stops the volume's jobs (none runs), keeps its usage and syncs the store;
+        // requests that come meanwhile wait for the lock, then open it again.
         drop(volume);
         drop(state);
         self.rests.fetch_add(1, Ordering::Relaxed);
@@ -260,7 +365,7 @@ mod tests {
     fn served(store: &Arc<TestStore>) -> ServedVolume {
         let tenant = store.open_tenant();
         let (lock, again) = (tenant.lock(), store.clone());
-        let reopen: Reopen = Box::new(move || Ok(again.open_woken(lock.clone())?));
+        let reopen: Reopen = Box::new(move || again.open_woken(lock.clone()));
         ServedVolume::new(Volume::open(tenant).unwrap(), Some(reopen))
     }
 
@@ -324,6 +429,64 @@ mod tests {
         served.woken(|v| v.forget(f.ino)).unwrap().unwrap();
         let gone = served.woken(|v| v.getattr(f.ino)).unwrap();
         assert!(matches!(gone, Err(VolumeError::NotFound)));
+    }
+
+    #[test]
+    fn statfs_is_answered_while_dormant_and_does_not_keep_the_store_open() {
+        let store = Arc::new(TestStore::new());
+        let served = served(&store);
+        let f = served
+            .woken(|v| v.mknod(ROOT_INO, b"f", FileKind::File, 0o644, OWNER, 0))
+            .unwrap()
+            .unwrap();
+        served
+            .woken(|v| v.write(f.ino, 0, &[1; 10_000]))
+            .unwrap()
+            .unwrap();
+        let awake = served.statfs().unwrap();
+        // Three requests answered, all of them STATFS: no use since the first look.
+        assert!(!served.rest_if_idle(10, Duration::ZERO));
+        served.statfs().unwrap();
+        served.statfs().unwrap();
+        assert!(served.rest_if_idle(12, Duration::ZERO));
+        let dormant = served.statfs().unwrap();
+        assert!(served.is_dormant());
+        assert_eq!(
+            (
+                dormant.blocks_free.abs_diff(awake.blocks_free) < 1024,
+                dormant.files_free
+            ),
+            (true, awake.files_free)
+        );
+        assert_eq!(
+            (dormant.block_size, dormant.files),
+            (awake.block_size, awake.files)
+        );
+    }
+
+    #[test]
+    fn inode_numbers_go_on_from_where_they_were_after_a_wake() {
+        let store = Arc::new(TestStore::new());
+        let served = served(&store);
+        let mk = |name: &[u8]| {
+            served
+                .woken(|v| v.mknod(ROOT_INO, name, FileKind::File, 0o644, OWNER, 0))
+                .unwrap()
+                .unwrap()
+                .ino
+        };
+        let (a, b) = (mk(b"a"), mk(b"b"));
+        // The newest file is removed and freed: its number is the store's highest no more.
+        served
+            .woken(|v| {
+                v.unlink(ROOT_INO, b"b")?;
+                v.forget(b)
+            })
+            .unwrap()
+            .unwrap();
+        assert!(served.rest_if_idle(0, Duration::ZERO));
+        let c = mk(b"c");
+        assert!(c > b && b > a, "{a} {b} {c}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ mod ring;
 mod session;
 mod wire;
 
-pub use dormancy::{Reopen, ServedVolume};
+pub use dormancy::{wakes as dormant_mount_wakes, Reopen, ServedVolume};
 pub use mount::{
     block_shutdown_signals, find_mount, parse_mountinfo, prepare_mountpoint, unmount,
     wait_for_shutdown_signal, MountEntry, MountError, MountOptions, FS_TYPE,

@@ -582,6 +582,9 @@ impl Operations {
                 .skip(offset as usize)
                 .collect()
         };
+        // Open a dormant store first: a store that does not open fails the request, rather
+        // than each entry looking removed.
+        drop(self.volume.get().map_err(errno)?);
         let mut small = Vec::new();
         for (i, e) in entries {
             // An entry removed since opendir is skipped.
@@ -611,7 +614,7 @@ impl Operations {
     }
 
     pub(crate) fn statfs(&self) -> Result<StatFs, Errno> {
-        self.vol("statfs", |v| v.statfs()).map_err(errno)
+        self.volume.statfs().map_err(errno)
     }
 
     pub(crate) fn setxattr(

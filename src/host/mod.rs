@@ -202,8 +202,17 @@ impl ServingHost {
             let (cache, space) = (self.cache.clone(), self.space.clone());
             let (name, lock) = (tenant.to_owned(), opened.lock());
             Box::new(move || {
-                let opened = tenants::open_locked(&data, &stores, &name, lock.clone())?;
-                Ok(volume_on(&data, &cache, &space, opened, Opening::Woken)?)
+                let opened = tenants::open_locked(&data, &stores, &name, lock.clone()).map_err(
+                    |e| match e {
+                        TenantError::Store(e) => VolumeError::Store(e),
+                        e => VolumeError::Unwoken {
+                            tenant: name.clone(),
+                            detail: e.to_string(),
+                            no_space: false,
+                        },
+                    },
+                )?;
+                volume_on(&data, &cache, &space, opened, Opening::Woken)
             }) as Reopen
         });
         let volume = self.volume_of(opened, Opening::Fresh)?;
@@ -736,11 +745,11 @@ impl Collector for HostCollector {
             .chain(devices.iter().map(|d| (d.name(), &**d.metrics())))
             .collect();
         metrics::encode_mounts(&mut encoder, &served)?;
-        let (mut dormant_mounts, mut mount_wakes) = (0, 0);
-        for v in sessions.iter().filter_map(|s| s.volume()) {
-            dormant_mounts += u64::from(v.is_dormant());
-            mount_wakes += v.rests_and_wakes().1;
-        }
+        let dormant_mounts = sessions
+            .iter()
+            .filter_map(|s| s.volume())
+            .filter(|v| v.is_dormant())
+            .count() as u64;
         let c = self.cache.stats();
         let g = self
             .governor
@@ -752,7 +761,7 @@ impl Collector for HostCollector {
             &HostNumbers {
                 mounts: mounts.len() as u64,
                 dormant_mounts,
-                mount_wakes,
+                mount_wakes: crate::fuse::dormant_mount_wakes(),
                 cache_budget_bytes: c.budget_bytes,
                 cache_used_bytes: c.used_bytes,
                 cache_resident_bytes: c.resident_bytes,

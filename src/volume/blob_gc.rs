@@ -214,6 +214,11 @@ impl BlobGc {
         }
     }
 
+    /// Whether a collection runs.
+    pub(crate) fn is_running(&self) -> bool {
+        self.running.load(Ordering::Acquire)
+    }
+
     /// Starts no more collections and waits for one in progress (the volume is closing).
     pub(crate) fn close(&self) {
         self.closed.store(true, Ordering::Release);

@@ -65,7 +65,11 @@ pub enum VolumeError {
         "tenant {tenant}: its store, closed while the mount was idle, does not open again: \
          {detail}; each request tries again (see the daemon's log)"
     )]
-    Unwoken { tenant: String, detail: String },
+    Unwoken {
+        tenant: String,
+        detail: String,
+        no_space: bool,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -115,8 +119,14 @@ impl VolumeError {
             VolumeError::BaseBlock { .. }
             | VolumeError::Format { .. }
             | VolumeError::Incomplete { .. }
-            | VolumeError::Panicked(_)
-            | VolumeError::Unwoken { .. } => libc::EIO,
+            | VolumeError::Panicked(_) => libc::EIO,
+            VolumeError::Unwoken { no_space, .. } => {
+                if *no_space {
+                    libc::ENOSPC
+                } else {
+                    libc::EIO
+                }
+            }
             VolumeError::Store(e) if e.is_no_space() => libc::ENOSPC,
             VolumeError::Store(_) => libc::EIO,
         }

@@ -196,6 +196,12 @@ impl Folds {
         (st.due.len(), st.folded)
     }
 
+    /// Whether chunks wait to be folded or a fold runs.
+    pub(crate) fn has_work(&self) -> bool {
+        let st = self.shared.lock();
+        st.running || !st.due.is_empty()
+    }
+
     /// Drops what is queued and waits for a fold in progress; nothing is queued afterwards.
     pub(crate) fn close(&self) {
         let worker = {

@@ -34,10 +34,11 @@ mod types;
 mod usage;
 mod xattrs;
 
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use crate::quota::{Quota, Usage};
 use crate::store::Family;
 use crate::tenants::Tenant;
 
@@ -411,33 +412,61 @@ impl Volume {
     /// has.
     pub fn statfs(&self) -> Result<StatFs> {
         let (host_free, host_total) = self.db().disk_space()?;
-        let (quota, used) = (self.counts.quota(), self.counts.usage());
-        let bs = self.block_size;
-        let (blocks, blocks_free) = match quota.bytes {
-            Some(q) => (
-                q.get() / bs,
-                q.get().saturating_sub(used.bytes).min(host_free) / bs,
-            ),
-            // The space it could have: what it holds and what the host has free.
-            None => (
-                used.bytes
-                    .saturating_add(host_free)
-                    .min(host_total.max(used.bytes))
-                    / bs,
-                host_free / bs,
-            ),
-        };
-        let files = quota
-            .inodes
-            .map_or(u64::from(u32::MAX), std::num::NonZeroU64::get);
-        Ok(StatFs {
-            block_size: bs as u32,
-            blocks,
-            blocks_free,
-            files,
-            files_free: files.saturating_sub(used.inodes),
-            name_max: NAME_MAX as u32,
-        })
+        Ok(statfs_of(
+            self.counts.quota(),
+            self.counts.usage(),
+            self.block_size,
+            host_free,
+            host_total,
+        ))
+    }
+
+    /// Whether background work for the volume is queued or runs (a fold, a collection):
+    /// closing it now would wait for that work or drop it.
+    pub fn has_background_work(&self) -> bool {
+        self.folds.has_work() || self.blob_gc.is_running()
+    }
+
+    /// The next inode number this volume gives out.
+    pub fn next_ino(&self) -> u64 {
+        self.next_ino.load(Ordering::Relaxed)
+    }
+
+    /// Gives out no inode number below `ino` (an idle mount's store opened again goes on
+    /// from where it was: a number freed before the rest is not given to a new file while
+    /// the kernel may still know the old one).
+    pub fn give_inodes_from(&self, ino: u64) {
+        self.next_ino.fetch_max(ino, Ordering::Relaxed);
+    }
+}
+
+/// `statfs` of a tenant with `quota` and `used`, on a host filesystem with `host_free` of
+/// `host_total` bytes (see [`Volume::statfs`]).
+pub fn statfs_of(quota: Quota, used: Usage, bs: u64, host_free: u64, host_total: u64) -> StatFs {
+    let (blocks, blocks_free) = match quota.bytes {
+        Some(q) => (
+            q.get() / bs,
+            q.get().saturating_sub(used.bytes).min(host_free) / bs,
+        ),
+        // The space it could have: what it holds and what the host has free.
+        None => (
+            used.bytes
+                .saturating_add(host_free)
+                .min(host_total.max(used.bytes))
+                / bs,
+            host_free / bs,
+        ),
+    };
+    let files = quota
+        .inodes
+        .map_or(u64::from(u32::MAX), std::num::NonZeroU64::get);
+    StatFs {
+        block_size: bs as u32,
+        blocks,
+        blocks_free,
+        files,
+        files_free: files.saturating_sub(used.inodes),
+        name_max: NAME_MAX as u32,
     }
 }
 

@@ -75,6 +75,7 @@ impl TestStore {
                 super::VolumeError::Unwoken {
                     tenant: "t".into(),
                     detail: e.to_string(),
+                    no_space: false,
                 }
             })?;
         super::Volume::open_as(tenant, super::Opening::Woken)

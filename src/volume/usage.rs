@@ -284,6 +284,12 @@ impl Volume {
         self.counts.quota()
     }
 
+    /// The bytes the host's space counts this volume to hold (see `space`): kept by a mount
+    /// whose store rests, so its tenant still counts among the largest.
+    pub fn space_hold(&self) -> Arc<AtomicU64> {
+        self.counts.bytes.clone()
+    }
+
     /// Grows within the host's reserve from now on (see `space`).
     pub fn with_space(self, space: Arc<HostSpace>) -> Self {
         self.counts.grow_into(space);

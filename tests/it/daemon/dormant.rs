@@ -63,6 +63,14 @@ fn an_idle_mount_closes_its_store_and_its_next_request_finds_everything_as_it_wa
     assert_eq!(dormant["usage"], awake["usage"], "{dormant}");
     assert!(dormant.get("store").is_none(), "{dormant}");
     assert!(h.ok(&["stats"]).contains("dormant"));
+    // df answers from what the mount kept, and does not wake it.
+    let df = nix::sys::statvfs::statvfs(&mp).unwrap();
+    assert_eq!(
+        mount_stats(&h, "t")["dormant"],
+        true,
+        "statfs woke the store"
+    );
+    assert!(df.blocks() > 0 && df.files() > df.files_available());
     // The kernel dropping its inodes forgets them: nothing to free, so the store stays closed.
     std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
     std::thread::sleep(Duration::from_millis(500));
