@@ -98,27 +98,76 @@ impl Throttle {
     fn take(&self, b: &Bucket, mut tokens: u64) -> Duration {
         let mut slept = Duration::ZERO;
         while tokens > 0 {
-            let piece = tokens.min(u64::from(b.burst.get())) as u32;
-            let n = NonZeroU32::new(piece).unwrap_or(NonZeroU32::MIN);
-            loop {
-                match b.limiter.check_n(n) {
-                    Ok(Ok(())) => break,
-                    Ok(Err(not_until)) => {
-                        let wait = not_until
-                            .wait_time_from(self.clock.now())
-                            .max(Duration::from_micros(50));
-                        crate::serving::will_wait();
-                        std::thread::sleep(wait);
-                        slept += wait;
-                    }
-                    // A piece is never above the burst.
-                    Err(_) => break,
+            match self.take_piece(b, tokens) {
+                Ok(piece) => tokens -= piece,
+                Err(wait) => {
+                    crate::serving::will_wait();
+                    std::thread::sleep(wait);
+                    slept += wait;
                 }
             }
-            tokens -= u64::from(piece);
         }
         slept
     }
+
+    /// Takes the next piece (at most the burst) of `tokens` from `b` if it is there: the
+    /// tokens taken, or how long until they are.
+    fn take_piece(&self, b: &Bucket, tokens: u64) -> Result<u64, Duration> {
+        let piece = tokens.min(u64::from(b.burst.get())) as u32;
+        let n = NonZeroU32::new(piece).unwrap_or(NonZeroU32::MIN);
+        match b.limiter.check_n(n) {
+            Ok(Ok(())) => Ok(u64::from(piece)),
+            Ok(Err(not_until)) => Err(not_until
+                .wait_time_from(self.clock.now())
+                .max(Duration::from_micros(50))),
+            // A piece is never above the burst.
+            Err(_) => Ok(u64::from(piece)),
+        }
+    }
+
+    /// Takes what is there of the tokens of a data request of `bytes`, without waiting,
+    /// going on from `paid` (what earlier calls for the same request took): `None` once all
+    /// are taken, else how long until the next piece is there.
+    pub fn try_pay(&self, bytes: u64, paid: &mut Paid) -> Option<Duration> {
+        if let (Some(b), false) = (&self.requests, paid.request) {
+            if let Err(wait) = self.take_piece(b, 1) {
+                return Some(wait);
+            }
+            paid.request = true;
+        }
+        if let Some(b) = &self.kib {
+            let kib = bytes.div_ceil(1024);
+            while paid.kib < kib {
+                match self.take_piece(b, kib - paid.kib) {
+                    Ok(n) => paid.kib += n,
+                    Err(wait) => return Some(wait),
+                }
+            }
+        }
+        None
+    }
+}
+
+/// What a request waiting without a thread has taken of its tokens so far (see
+/// [`LiveLimits::pay_ahead`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Paid {
+    request: bool,
+    kib: u64,
+}
+
+thread_local! {
+    /// Set while a request whose tokens were paid ahead is answered: its admission takes none.
+    static PAID_AHEAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` (answering a request whose tokens [`LiveLimits::pay_ahead`] took) so that its
+/// admission does not take them again.
+pub fn with_paid_ahead<R>(f: impl FnOnce() -> R) -> R {
+    PAID_AHEAD.set(true);
+    let r = f();
+    PAID_AHEAD.set(false);
+    r
 }
 
 /// The limits in force on one thing that serves a tenant (a mount, a block device), their
@@ -154,16 +203,29 @@ impl LiveLimits {
         self.state.read().unwrap_or_else(|p| p.into_inner()).0
     }
 
-    /// Waits until a data request of `bytes` is within the limits, then for its turn among
-    /// the busy tenants' requests; the wait is recorded in `metrics` as throttled time (not
-    /// the request's own). The turn is held while the request is served.
+    /// Takes the tokens of a data request of `bytes` that are there, going on from `paid`,
+    /// without waiting: `None` once it has them all (or nothing is limited), else how long
+    /// until the next are there. A transport that can hold a request without a thread (the
+    /// FUSE ring) pays this way, then answers it [`with_paid_ahead`].
+    pub fn pay_ahead(&self, bytes: u64, paid: &mut Paid) -> Option<Duration> {
+        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        state.1.as_ref()?.try_pay(bytes, paid)
+    }
+
+    /// Waits until a data request of `bytes` is within the limits (unless paid ahead), then
+    /// for its turn among the busy tenants' requests; the wait is recorded in `metrics` as
+    /// throttled time (not the request's own). The turn is held while the request is served.
     pub fn admit(&self, bytes: u64, metrics: &MountMetrics) -> Turn<'_> {
-        let throttle = self
-            .state
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .1
-            .clone();
+        let paid = PAID_AHEAD.replace(false);
+        let throttle = if paid {
+            None
+        } else {
+            self.state
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .1
+                .clone()
+        };
         let queue = fair_share::host();
         if throttle.is_none() && !queue.is_engaged() {
             return queue.enter(&self.share);
@@ -181,6 +243,45 @@ impl LiveLimits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paying_ahead_takes_what_is_there_and_goes_on_where_it_stopped() {
+        let t = Throttle::new(IoLimits {
+            iops: NonZeroU32::new(1000),
+            bandwidth: NonZeroU64::new(1 << 20),
+            ..IoLimits::default()
+        })
+        .unwrap();
+        // 1 MiB/s: a burst of 20 KiB. A 64 KiB request takes it, then waits for more.
+        let mut paid = Paid::default();
+        let wait = t.try_pay(64 << 10, &mut paid).expect("more than the burst");
+        assert!(paid.request && paid.kib == 20, "{paid:?}");
+        assert!(
+            wait > Duration::ZERO && wait < Duration::from_millis(100),
+            "{wait:?}"
+        );
+        let start = Instant::now();
+        while let Some(wait) = t.try_pay(64 << 10, &mut paid) {
+            std::thread::sleep(wait);
+        }
+        assert_eq!(paid.kib, 64);
+        // The 44 KiB beyond the burst came at 1 KiB a millisecond.
+        let took = start.elapsed();
+        assert!(took >= Duration::from_millis(40), "{took:?}");
+        // Paid ahead, the admission takes nothing more.
+        let limits = LiveLimits::default();
+        limits.set(IoLimits {
+            iops: NonZeroU32::new(1),
+            ..IoLimits::default()
+        });
+        let metrics = MountMetrics::new();
+        let mut paid = Paid::default();
+        assert_eq!(limits.pay_ahead(4096, &mut paid), None);
+        let start = Instant::now();
+        with_paid_ahead(|| drop(limits.admit(4096, &metrics)));
+        assert!(start.elapsed() < Duration::from_millis(500));
+        assert!(limits.pay_ahead(4096, &mut Paid::default()).is_some());
+    }
 
     #[test]
     fn nothing_limited_is_no_throttle() {

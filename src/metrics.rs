@@ -191,6 +191,14 @@ impl MountMetrics {
             .fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
     }
 
+    /// A request was held `held` on the tenant's I/O limits before it was answered, by no
+    /// thread (the ring's timeout): counted as throttled time of its request's.
+    pub fn record_held(&self, held: std::time::Duration) {
+        let ns = held.as_nanos() as u64;
+        self.busy_ns.fetch_add(ns, Ordering::Relaxed);
+        self.throttled_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
     /// Time spent answering requests, less their waits on the I/O limits.
     fn busy_ns(&self) -> u64 {
         let busy = self.busy_ns.load(Ordering::Relaxed);

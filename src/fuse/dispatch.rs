@@ -46,6 +46,17 @@ pub fn answer_or_eio(
     }
 }
 
+/// The bytes a data request counts against its tenant's I/O limits (what its operation
+/// admits: `Operations::read`, `write`, `copy_range`); `None` for other requests.
+pub fn limited_bytes(h: &InHeader, op_in: &[u8]) -> Option<u64> {
+    let f = Fields(op_in);
+    match h.opcode {
+        opcode::READ | opcode::WRITE => f.u32(16).map(u64::from),
+        opcode::COPY_FILE_RANGE => f.u64(40).map(|len| len.min(super::ops::COPY_MAX)),
+        _ => None,
+    }
+}
+
 /// Answers one request: the reply's payload length, or the errno to send instead.
 /// `payload` holds `in_len` bytes of request and receives the reply; `scratch` is a reused
 /// read buffer.

@@ -17,7 +17,7 @@ use super::dormancy::ServedVolume;
 use super::listing_prefetch::{self, ListingPrefetch};
 use super::notify::KernelNotifier;
 use crate::fair_share::Turn;
-use crate::io_limits::{IoLimits, LiveLimits};
+use crate::io_limits::{IoLimits, LiveLimits, Paid};
 use crate::metrics::{MountMetrics, Op};
 use crate::volume::{
     Attr, Clearing, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, StatFs, Volume,
@@ -38,7 +38,7 @@ pub(crate) const MAX_WRITE: u32 = 2 << 20;
 
 /// Most bytes one COPY_FILE_RANGE copies (a bound on how long it holds its queue), and how
 /// many at a time (a bulk write: see `Volume::write`).
-const COPY_MAX: u64 = 64 << 20;
+pub(crate) const COPY_MAX: u64 = 64 << 20;
 const COPY_PIECE: u64 = 1 << 20;
 
 /// Where file data is cached in RAM.
@@ -188,6 +188,12 @@ impl Operations {
     /// The limits in force.
     pub(crate) fn limits(&self) -> IoLimits {
         self.limits.get()
+    }
+
+    /// Takes what is there of a data request's tokens without waiting (see
+    /// `LiveLimits::pay_ahead`): `None` once paid, else how long until more are there.
+    pub(crate) fn pay_ahead(&self, bytes: u64, paid: &mut Paid) -> Option<Duration> {
+        self.limits.pay_ahead(bytes, paid)
     }
 
     /// Waits until a data request of `bytes` is within the mount's limits, then for its turn

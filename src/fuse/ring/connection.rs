@@ -7,6 +7,11 @@
 //! ([`Tag`]), so nothing in the kernel points at memory that could go away: a connection
 //! leaves the registry only when none of its commands can complete any more.
 //!
+//! A data request its tenant's I/O limits hold waits on a timeout of the ring, not on a
+//! thread: its entry keeps the request, pays what tokens are there
+//! (`io_limits::LiveLimits::pay_ahead`), and is answered when the timeout ends with all of
+//! them. A hundred throttled mounts hold no thread.
+//!
 //! How it ends: unmounting aborts the FUSE connection; the kernel completes every registered
 //! entry (ENOTCONN), commits of replies fail, and the device reads ENODEV. The first ENODEV
 //! cancels the device's poll and starts the session's end on a thread of its own; the last
@@ -25,9 +30,22 @@ use super::{abi, with_address, ENTRIES_PER_QUEUE, PAYLOAD_SIZE};
 use crate::fuse::buffer::RequestBuffer;
 use crate::fuse::ops::Operations;
 use crate::fuse::{device, dispatch, wire};
+use crate::io_limits::{self, Paid};
 
 /// How long an entry keeps registering again while the kernel finishes INIT.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(10);
+/// The longest one wait of a request held by its limits (it pays again after it).
+const HOLD_MAX: Duration = Duration::from_secs(1);
+
+/// The request in an entry that its tenant's limits hold: which, what it has paid, since
+/// when, and the ring timeout it waits on.
+struct Held {
+    unique: u64,
+    paid: Paid,
+    since: Option<Instant>,
+    /// Read by the kernel when the timeout is submitted: boxed, it stays where it is.
+    timeout: Box<types::Timespec>,
+}
 
 /// One ring entry: the buffers the kernel writes requests into. They never move or shrink
 /// while registered (boxed or mapped, owned by the connection until it leaves the registry).
@@ -42,6 +60,7 @@ pub struct Entry {
     taken: bool,
     /// Whether its last command ended for good (counted out of the connection's `live`).
     ended: bool,
+    held: Held,
 }
 
 impl Entry {
@@ -62,6 +81,12 @@ impl Entry {
             commit_id: 0,
             taken: false,
             ended: false,
+            held: Held {
+                unique: 0,
+                paid: Paid::default(),
+                since: None,
+                timeout: Box::new(types::Timespec::new()),
+            },
         })
     }
 }
@@ -206,6 +231,12 @@ pub fn handle(reactor: &'static Reactor, tag: Tag, c: Completion, work: &mut Wor
                 conn.entry_completed(reactor, index as usize, c.result, work);
             }
         }
+        // Its timeout ended (or was cancelled): the held request pays again.
+        Tag::Resume { slot, index } => {
+            if let Some(conn) = find(slot) {
+                conn.entry_completed(reactor, index as usize, 0, work);
+            }
+        }
         Tag::Device { slot } => {
             if let Some(conn) = find(slot) {
                 conn.device_completed(c, work);
@@ -259,7 +290,8 @@ impl Connection {
     fn entry_completed(&self, reactor: &Reactor, i: usize, result: i32, work: &mut Work) {
         if result == 0 {
             let sqe = self.answer(reactor, i, work);
-            // SAFETY: as at REGISTER: the buffers outlive the command.
+            // SAFETY: as at REGISTER: the buffers outlive the command; a held request's
+            // timeout lives in its entry.
             unsafe { reactor.push(&sqe) };
             return;
         }
@@ -297,7 +329,8 @@ impl Connection {
     }
 
     /// Answers the request in entry `i`, writes the reply into it, and gives the command that
-    /// hands the entry back (under the one lock of the entry).
+    /// hands the entry back (under the one lock of the entry); or, for a request its
+    /// tenant's limits hold, the timeout it waits on.
     fn answer(&self, reactor: &Reactor, i: usize, work: &mut Work) -> squeue::Entry128 {
         let mut guard = lock(&self.entries[i]);
         let e = &mut *guard;
@@ -308,6 +341,34 @@ impl Connection {
         let Some(h) = wire::InHeader::parse(&e.header[..]) else {
             return self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH);
         };
+        let op_in = &e.header[abi::OP_IN..abi::OP_IN + 128];
+        let limited = dispatch::limited_bytes(&h, op_in);
+        // A connection that is ending answers at once: its entries must end.
+        let paid_ahead = limited.is_some() && !self.device_ended.load(Ordering::Acquire);
+        if let (Some(bytes), true) = (limited, paid_ahead) {
+            let held = &mut e.held;
+            if held.unique != h.unique {
+                (held.unique, held.paid, held.since) = (h.unique, Paid::default(), None);
+            }
+            if let Some(wait) = self.ops.pay_ahead(bytes, &mut held.paid) {
+                held.since.get_or_insert_with(Instant::now);
+                let wait = wait.min(HOLD_MAX);
+                *held.timeout = types::Timespec::new()
+                    .sec(wait.as_secs())
+                    .nsec(wait.subsec_nanos());
+                let tag = Tag::Resume {
+                    slot: self.slot,
+                    index: i as u32,
+                };
+                return opcode::Timeout::new(&*held.timeout)
+                    .build()
+                    .user_data(tag.encode())
+                    .into();
+            }
+            if let Some(since) = held.since.take() {
+                self.ops.metrics.record_held(since.elapsed());
+            }
+        }
         let metrics = &self.ops.metrics;
         metrics.add_ring_request();
         if !work
@@ -319,14 +380,21 @@ impl Connection {
         }
         reactor.saw_caller(h.pid);
         let op_in = &e.header[abi::OP_IN..abi::OP_IN + 128];
-        let (error, len) = dispatch::answer_or_eio(
-            &self.ops,
-            &h,
-            op_in,
-            &mut e.payload,
-            in_len,
-            &mut work.scratch,
-        );
+        let mut answer = || {
+            dispatch::answer_or_eio(
+                &self.ops,
+                &h,
+                op_in,
+                &mut e.payload,
+                in_len,
+                &mut work.scratch,
+            )
+        };
+        let (error, len) = if paid_ahead {
+            io_limits::with_paid_ahead(answer)
+        } else {
+            answer()
+        };
         wire::put_out_header(&mut e.header[..], h.unique, error, len);
         e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
             .copy_from_slice(&(len as u32).to_le_bytes());

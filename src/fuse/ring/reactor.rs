@@ -65,11 +65,17 @@ fn now_us() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
 }
 
+/// The bit of a [`Tag::Resume`] (entry indexes stay below it).
+const RESUME: u64 = 1 << 31;
+
 /// What a completion is for: its `user_data`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tag {
     /// Entry `index` of the connection in `slot` (a request in it, or the command's end).
     Entry { slot: u32, index: u32 },
+    /// The wait of the request in entry `index` of the connection in `slot` is over (a
+    /// request held by its tenant's limits waits on a timeout of the ring, not on a thread).
+    Resume { slot: u32, index: u32 },
     /// The connection's device is readable (its poll).
     Device { slot: u32 },
     /// Nothing: wakes the leader, or ends a cancel.
@@ -82,6 +88,7 @@ impl Tag {
     pub fn encode(self) -> u64 {
         match self {
             Tag::Entry { slot, index } => u64::from(slot) << 32 | u64::from(index) << 2,
+            Tag::Resume { slot, index } => u64::from(slot) << 32 | RESUME | u64::from(index) << 2,
             Tag::Device { slot } => u64::from(slot) << 32 | 1,
             Tag::Wake => 2,
             Tag::Bell => 3,
@@ -90,11 +97,10 @@ impl Tag {
 
     pub fn decode(user_data: u64) -> Self {
         let slot = (user_data >> 32) as u32;
+        let index = ((user_data & !RESUME) as u32) >> 2;
         match user_data & 3 {
-            0 => Tag::Entry {
-                slot,
-                index: (user_data as u32) >> 2,
-            },
+            0 if user_data & RESUME != 0 => Tag::Resume { slot, index },
+            0 => Tag::Entry { slot, index },
             1 => Tag::Device { slot },
             2 => Tag::Wake,
             _ => Tag::Bell,
@@ -610,7 +616,12 @@ mod tests {
             Tag::Entry { slot: 0, index: 0 },
             Tag::Entry {
                 slot: u32::MAX,
-                index: (1 << 30) - 1,
+                index: (1 << 29) - 1,
+            },
+            Tag::Resume { slot: 0, index: 0 },
+            Tag::Resume {
+                slot: u32::MAX,
+                index: (1 << 29) - 1,
             },
             Tag::Device { slot: 7 },
             Tag::Device { slot: u32::MAX },

@@ -1,6 +1,7 @@
 //! The host's ring threads, shared by every mount: a request that waits (on its tenant's
-//! limit, announced; or in a stall nobody announced, caught by the watch) holds no other
-//! tenant's requests on the same CPU, and the threads do not grow with the mounts.
+//! limit, held by the ring without a thread; or in a stall nobody announced, caught by the
+//! watch) holds no other tenant's requests on the same CPU, and the threads do not grow with
+//! the mounts or with the requests their limits hold.
 
 use super::transports::threads_named;
 use super::*;
@@ -125,6 +126,92 @@ fn a_request_waiting_on_its_limit_holds_no_other_tenants_requests() {
         "the limited tenant did {reads} reads at 2 a second"
     );
     d.terminate_cleanly(&[&ma, &h.dir("b")]);
+}
+
+/// Requests their tenants' limits hold wait on the ring, not on threads: six tenants limited
+/// to 2 requests a second, each with 4 readers (24 requests held at once), add no crew
+/// threads (before, each held request held one), keep to their limits, and an unlimited
+/// tenant beside them is answered at once.
+#[test]
+fn requests_held_by_their_limits_hold_no_threads() {
+    enable_fuse_uring();
+    let h = Host::new("crewheld");
+    let names: Vec<String> = (0..6).map(|i| format!("t{i}")).collect();
+    for n in names.iter().map(String::as_str).chain(["free"]) {
+        h.create_tenant(n);
+    }
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let pid = d.0.id();
+    let free = h.dir("free");
+    h.ok(&[
+        "mount",
+        "-o",
+        "transport=uring",
+        "free",
+        free.to_str().unwrap(),
+    ]);
+    let mounts: Vec<_> = names.iter().map(|n| h.dir(n)).collect();
+    for (n, m) in names.iter().zip(&mounts) {
+        h.ok(&[
+            "mount",
+            "-o",
+            "transport=uring,iops=2",
+            n,
+            m.to_str().unwrap(),
+        ]);
+        std::fs::write(m.join("f"), vec![1u8; 64 << 10]).unwrap();
+    }
+    // Past the writes' own waits: the crew is back to its idle size.
+    std::thread::sleep(Duration::from_secs(2));
+    let crew_before = threads_named(pid, "fuse-ring");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let start = Instant::now();
+    let readers: Vec<_> = mounts
+        .iter()
+        .flat_map(|m| (0..4).map(move |_| m.join("f")))
+        .map(|f| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let file = std::fs::File::open(f).unwrap();
+                let mut buf = [0u8; 4096];
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    file.read_exact_at(&mut buf, 4096 * (n % 16)).unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let crew_held = threads_named(pid, "fuse-ring");
+    let took = busy_rounds(free.clone());
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads: u64 = readers.into_iter().map(|r| r.join().unwrap()).sum();
+    let secs = start.elapsed().as_secs_f64();
+    eprintln!(
+        "crew {crew_before} -> {crew_held} threads with 24 requests held; {reads} reads in {secs:.1} s; 100 free rounds in {took:?}"
+    );
+    assert!(
+        crew_held <= crew_before + 2,
+        "held requests hold threads: {crew_before} crew threads before, {crew_held} with 24 requests held"
+    );
+    // 6 tenants at 2 a second, each with a burst of 1 and the first request free.
+    let most = (6.0 * (2.0 * secs + 2.0)) as u64;
+    assert!(
+        reads <= most,
+        "{reads} reads in {secs:.1} s: more than {most}"
+    );
+    assert!(
+        took < Duration::from_secs(2),
+        "100 free rounds took {took:?}"
+    );
+    let refs: Vec<&std::path::Path> = mounts
+        .iter()
+        .map(|m| m.as_path())
+        .chain([free.as_path()])
+        .collect();
+    d.terminate_cleanly(&refs);
 }
 
 /// Twenty idle mounts over the ring cost no thread of their own.
