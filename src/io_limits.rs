@@ -254,13 +254,13 @@ mod tests {
         .unwrap();
         // 1 MiB/s: a burst of 20 KiB. A 64 KiB request takes it, then waits for more.
         let mut paid = Paid::default();
+        let start = Instant::now();
         let wait = t.try_pay(64 << 10, &mut paid).expect("more than the burst");
         assert!(paid.request && paid.kib == 20, "{paid:?}");
         assert!(
             wait > Duration::ZERO && wait < Duration::from_millis(100),
             "{wait:?}"
         );
-        let start = Instant::now();
         while let Some(wait) = t.try_pay(64 << 10, &mut paid) {
             std::thread::sleep(wait);
         }

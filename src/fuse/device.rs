@@ -50,7 +50,8 @@ struct Counts {
 
 /// The workers of one mount.
 struct Workers {
-    device: OwnedFd,
+    /// Shared with the mount's notifier: one descriptor for both.
+    device: Arc<OwnedFd>,
     ops: Arc<Operations>,
     /// The most workers at once.
     max: usize,
@@ -73,7 +74,7 @@ enum Next {
 
 /// Serves the mount of `device` on this thread and on up to `max - 1` more started on demand
 /// (named `name`); returns when the mount is gone and every worker has ended.
-pub fn serve(device: OwnedFd, ops: Arc<Operations>, max: usize, name: &str) -> io::Result<()> {
+pub fn serve(device: Arc<OwnedFd>, ops: Arc<Operations>, max: usize, name: &str) -> io::Result<()> {
     fcntl(device.as_raw_fd(), FcntlArg::F_SETFL(OFlag::O_NONBLOCK))?;
     let workers = Arc::new(Workers {
         device,

@@ -4,17 +4,17 @@
 //! would still see the bit).
 
 use std::os::fd::OwnedFd;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use super::wire;
 
 /// The mount's /dev/fuse, once it is mounted.
 #[derive(Default)]
-pub(crate) struct KernelNotifier(OnceLock<OwnedFd>);
+pub(crate) struct KernelNotifier(OnceLock<Arc<OwnedFd>>);
 
 impl KernelNotifier {
     /// The mount's /dev/fuse, which notifications go to (the first one given stays).
-    pub(crate) fn set_device(&self, fd: OwnedFd) {
+    pub(crate) fn set_device(&self, fd: Arc<OwnedFd>) {
         let _ = self.0.set(fd);
     }
 
@@ -25,7 +25,7 @@ impl KernelNotifier {
         let Some(fd) = self.0.get() else {
             return;
         };
-        match nix::unistd::write(fd, &wire::inval_inode_attributes(ino)) {
+        match nix::unistd::write(&**fd, &wire::inval_inode_attributes(ino)) {
             Ok(_) | Err(nix::errno::Errno::ENOENT) => {}
             Err(e) => tracing::warn!(ino, error = %e, "cannot invalidate cached attributes"),
         }

@@ -203,7 +203,7 @@ impl Operations {
     }
 
     /// The mount's /dev/fuse, which notifications to the kernel go to.
-    pub(crate) fn set_device(&self, fd: OwnedFd) {
+    pub(crate) fn set_device(&self, fd: Arc<OwnedFd>) {
         self.notifier.set_device(fd);
     }
 

@@ -113,8 +113,9 @@ impl Session {
         let mut session = fuser::Session::new(fs, mountpoint, &session_config(&tenant, options))
             .map_err(mount_err)?;
         use std::os::fd::AsFd;
-        let device = session.as_fd().try_clone_to_owned().map_err(mount_err)?;
-        ops.set_device(device.try_clone().map_err(mount_err)?);
+        // One copy of fuser's descriptor, for the transport and the notifications alike.
+        let device = Arc::new(session.as_fd().try_clone_to_owned().map_err(mount_err)?);
+        ops.set_device(device.clone());
         let unmounter = session.unmount_callable();
         let ended = Arc::new(Ended::default());
         let end = {

@@ -104,7 +104,8 @@ pub struct Connection {
     slot: u32,
     reactors: &'static Reactors,
     ops: Arc<Operations>,
-    device: OwnedFd,
+    /// Shared with the mount's notifier: one descriptor for both.
+    device: Arc<OwnedFd>,
     /// Entry `i` belongs to the kernel's queue `i / ENTRIES_PER_QUEUE`.
     entries: Vec<Mutex<Entry>>,
     /// Entries whose command may still complete, plus one for the device's poll.
@@ -173,7 +174,7 @@ pub fn attach(
     reactors: &'static Reactors,
     ops: Arc<Operations>,
     entries: Vec<Entry>,
-    device: OwnedFd,
+    device: Arc<OwnedFd>,
     on_end: Box<dyn FnOnce() + Send>,
     fall_back: bool,
 ) -> Arc<Connection> {
@@ -341,34 +342,69 @@ impl Connection {
         let Some(h) = wire::InHeader::parse(&e.header[..]) else {
             return self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH);
         };
-        let op_in = &e.header[abi::OP_IN..abi::OP_IN + 128];
-        let limited = dispatch::limited_bytes(&h, op_in);
-        // A connection that is ending answers at once: its entries must end.
-        let paid_ahead = limited.is_some() && !self.device_ended.load(Ordering::Acquire);
-        if let (Some(bytes), true) = (limited, paid_ahead) {
-            let held = &mut e.held;
-            if held.unique != h.unique {
-                (held.unique, held.paid, held.since) = (h.unique, Paid::default(), None);
-            }
-            if let Some(wait) = self.ops.pay_ahead(bytes, &mut held.paid) {
-                held.since.get_or_insert_with(Instant::now);
-                let wait = wait.min(HOLD_MAX);
-                *held.timeout = types::Timespec::new()
-                    .sec(wait.as_secs())
-                    .nsec(wait.subsec_nanos());
-                let tag = Tag::Resume {
-                    slot: self.slot,
-                    index: i as u32,
-                };
-                return opcode::Timeout::new(&*held.timeout)
-                    .build()
-                    .user_data(tag.encode())
-                    .into();
-            }
+        let limited = dispatch::limited_bytes(&h, &e.header[abi::OP_IN..abi::OP_IN + 128]);
+        let (error, len) = match limited {
+            // The mount is gone: its limited requests fail at once, paying and waiting for
+            // nothing (the commit fails too, and the entry ends with it).
+            Some(_) if self.device_ended.load(Ordering::Acquire) => (-libc::ENOTCONN, 0),
+            Some(bytes) => match self.pay(i, e, &h, bytes) {
+                Some(timeout) => return timeout,
+                None => io_limits::with_paid_ahead(|| self.dispatch(reactor, e, &h, in_len, work)),
+            },
+            None => self.dispatch(reactor, e, &h, in_len, work),
+        };
+        wire::put_out_header(&mut e.header[..], h.unique, error, len);
+        e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
+            .copy_from_slice(&(len as u32).to_le_bytes());
+        self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH)
+    }
+
+    /// Pays what is there of data request `h`'s tokens (`bytes`), held in entry `i`, `e`:
+    /// `None` once paid, else the timeout it waits on for the next ones.
+    fn pay(
+        &self,
+        i: usize,
+        e: &mut Entry,
+        h: &wire::InHeader,
+        bytes: u64,
+    ) -> Option<squeue::Entry128> {
+        let held = &mut e.held;
+        if held.unique != h.unique {
+            (held.unique, held.paid, held.since) = (h.unique, Paid::default(), None);
+        }
+        let Some(wait) = self.ops.pay_ahead(bytes, &mut held.paid) else {
             if let Some(since) = held.since.take() {
                 self.ops.metrics.record_held(since.elapsed());
             }
-        }
+            return None;
+        };
+        held.since.get_or_insert_with(Instant::now);
+        let wait = wait.min(HOLD_MAX);
+        *held.timeout = types::Timespec::new()
+            .sec(wait.as_secs())
+            .nsec(wait.subsec_nanos());
+        let tag = Tag::Resume {
+            slot: self.slot,
+            index: i as u32,
+        };
+        Some(
+            opcode::Timeout::new(&*held.timeout)
+                .build()
+                .user_data(tag.encode())
+                .into(),
+        )
+    }
+
+    /// Answers request `h` of entry `e` (its reply into the entry's payload): the
+    /// out-header's error and the reply's length.
+    fn dispatch(
+        &self,
+        reactor: &Reactor,
+        e: &mut Entry,
+        h: &wire::InHeader,
+        in_len: usize,
+        work: &mut Work,
+    ) -> (i32, usize) {
         let metrics = &self.ops.metrics;
         metrics.add_ring_request();
         if !work
@@ -379,26 +415,14 @@ impl Connection {
             work.metrics = Some(metrics.clone());
         }
         reactor.saw_caller(h.pid);
-        let op_in = &e.header[abi::OP_IN..abi::OP_IN + 128];
-        let mut answer = || {
-            dispatch::answer_or_eio(
-                &self.ops,
-                &h,
-                op_in,
-                &mut e.payload,
-                in_len,
-                &mut work.scratch,
-            )
-        };
-        let (error, len) = if paid_ahead {
-            io_limits::with_paid_ahead(answer)
-        } else {
-            answer()
-        };
-        wire::put_out_header(&mut e.header[..], h.unique, error, len);
-        e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
-            .copy_from_slice(&(len as u32).to_le_bytes());
-        self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH)
+        dispatch::answer_or_eio(
+            &self.ops,
+            h,
+            &e.header[abi::OP_IN..abi::OP_IN + 128],
+            &mut e.payload,
+            in_len,
+            &mut work.scratch,
+        )
     }
 
     fn poll_device(&self) {

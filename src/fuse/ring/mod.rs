@@ -149,7 +149,7 @@ impl Ring {
 
     /// Serves the mounted session's `device` on the host's rings: registers the entries and
     /// polls the device; `on_end` runs on a thread of its own once the mount is gone.
-    pub fn attach(&self, device: OwnedFd, on_end: Box<dyn FnOnce() + Send>) {
+    pub fn attach(&self, device: Arc<OwnedFd>, on_end: Box<dyn FnOnce() + Send>) {
         let mut state = self.state();
         let RingState::Started {
             reactors,

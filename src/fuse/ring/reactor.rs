@@ -87,7 +87,10 @@ pub enum Tag {
 impl Tag {
     pub fn encode(self) -> u64 {
         match self {
-            Tag::Entry { slot, index } => u64::from(slot) << 32 | u64::from(index) << 2,
+            Tag::Entry { slot, index } => {
+                debug_assert!(u64::from(index) << 2 < RESUME, "entry index {index}");
+                u64::from(slot) << 32 | u64::from(index) << 2
+            }
             Tag::Resume { slot, index } => u64::from(slot) << 32 | RESUME | u64::from(index) << 2,
             Tag::Device { slot } => u64::from(slot) << 32 | 1,
             Tag::Wake => 2,
