@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use crate::quota::{Quota, Usage};
-use crate::store::StoreState;
+use crate::store::{ExtentLineage, StoreState};
 use crate::volume::{StatFs, Volume, VolumeError};
 
 /// Opens the tenant's volume again ([`Opening::Woken`](crate::volume::Opening::Woken)), on
@@ -53,6 +53,9 @@ struct Closed {
     /// The store's directory, for statfs.
     path: PathBuf,
     next_ino: u64,
+    /// Its extent files' cache keys and next number: the pieces cached before the rest are
+    /// found again after the wake.
+    extents: ExtentLineage,
     /// The files unlinked while open, waiting for the kernel's forget: a forget of any other
     /// inode has nothing to free, and need not open the store (the kernel forgets inodes by
     /// the thousand when it drops its caches).
@@ -120,6 +123,7 @@ fn closed(volume: &Volume) -> Result<Closed, String> {
         direct_io: db.direct_io(),
         path: db.path().to_owned(),
         next_ino: volume.next_ino(),
+        extents: db.extent_files().lineage(),
         orphans: volume.orphans().map_err(|e| e.to_string())?,
         _space_hold: volume.space_hold(),
     })
@@ -211,6 +215,11 @@ impl ServedVolume {
             tracing::info!(tenant = %self.tenant, "the store of an idle mount opened again");
         }
         volume.give_inodes_from(closed.next_ino);
+        volume
+            .tenant()
+            .db()
+            .extent_files()
+            .go_on_from(closed.extents);
         *state = State::Awake(Box::new(volume));
         // The next rest is a whole idle time away, whatever woke it (a forget, a quota).
         self.quiet.lock().unwrap_or_else(|p| p.into_inner()).1 = Instant::now();
@@ -487,6 +496,48 @@ mod tests {
         assert!(served.rest_if_idle(0, Duration::ZERO));
         let c = mk(b"c");
         assert!(c > b && b > a, "{a} {b} {c}");
+    }
+
+    #[test]
+    fn extent_pieces_cached_before_a_rest_are_found_after_the_wake() {
+        let store = Arc::new(TestStore::with_cache(64 << 20));
+        let served = served(&store);
+        let data = crate::volume::noise(1 << 20, 7);
+        let f = served
+            .woken(|v| {
+                let f = v.mknod(ROOT_INO, b"big", FileKind::File, 0o644, OWNER, 0)?;
+                v.write(f.ino, 0, &data)?; // bulk: into an extent file
+                v.fsync()?;
+                Ok::<_, VolumeError>(f)
+            })
+            .unwrap()
+            .unwrap();
+        let read_all = || {
+            (0..16u64)
+                .map(|i| {
+                    let at = i * (64 << 10);
+                    served
+                        .woken(|v| v.read(f.ino, at, 64 << 10))
+                        .unwrap()
+                        .unwrap()
+                })
+                .collect::<Vec<_>>()
+                .concat()
+        };
+        assert_eq!(read_all(), data);
+        let misses = crate::cache::thread_misses();
+        assert_eq!(read_all(), data);
+        assert_eq!(
+            crate::cache::thread_misses(),
+            misses,
+            "not cached before the rest"
+        );
+        assert!(served.rest_if_idle(0, Duration::ZERO));
+        served.woken(|v| v.getattr(f.ino)).unwrap().unwrap(); // the wake
+        let misses = crate::cache::thread_misses();
+        assert_eq!(read_all(), data);
+        let missed = crate::cache::thread_misses() - misses;
+        assert_eq!(missed, 0, "{missed} lookups missed after the wake");
     }
 
     #[test]

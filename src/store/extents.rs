@@ -72,8 +72,9 @@ pub struct ExtentFiles {
     env: EnvPtr,
     direct: bool,
     cache: RocksBlockCache,
-    /// Unique among the stores of this process: the first part of this store's cache keys.
-    cache_id: u64,
+    /// Unique among the stores of this process: the first part of this store's cache keys
+    /// (the same store opened again in this process goes on with its own: [`Self::go_on_from`]).
+    cache_id: AtomicU64,
     next_number: AtomicU64,
     open: Mutex<Option<Open>>,
     readers: Mutex<HashMap<u64, Arc<Reader>>>,
@@ -110,6 +111,13 @@ fn file_number(name: &str) -> Option<u64> {
 
 static NEXT_CACHE_ID: AtomicU64 = AtomicU64::new(1);
 
+/// See [`ExtentFiles::lineage`].
+#[derive(Clone, Copy, Debug)]
+pub struct ExtentLineage {
+    cache_id: u64,
+    next_number: u64,
+}
+
 impl ExtentFiles {
     pub(crate) fn open(
         tenant: &str,
@@ -128,7 +136,7 @@ impl ExtentFiles {
             env,
             direct,
             cache,
-            cache_id: NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed),
+            cache_id: AtomicU64::new(NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed)),
             next_number: AtomicU64::new(next),
             open: Mutex::new(None),
             readers: Mutex::new(HashMap::new()),
@@ -353,6 +361,26 @@ impl ExtentFiles {
         self.close_open(&mut open)
     }
 
+    /// What the same store, opened again later in this process, goes on from so that the
+    /// pieces cached for this one are its own: the cache keys' first part, and the next file
+    /// number (a number is never given twice: a file deleted and its number given again would
+    /// find the old file's pieces under its keys).
+    pub fn lineage(&self) -> ExtentLineage {
+        ExtentLineage {
+            cache_id: self.cache_id.load(Ordering::Relaxed),
+            next_number: self.next_number.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Goes on from `lineage`, an earlier instance's of the same store in this process,
+    /// closed since and written by nobody meanwhile (its tenant's lock was held): call before
+    /// the first read or append.
+    pub fn go_on_from(&self, lineage: ExtentLineage) {
+        self.cache_id.store(lineage.cache_id, Ordering::Relaxed);
+        self.next_number
+            .fetch_max(lineage.next_number, Ordering::Relaxed);
+    }
+
     fn pool(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
         self.pool.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -361,7 +389,7 @@ impl ExtentFiles {
         // 28 bytes: RocksDB's own cache keys are 16 bytes long, so none can be equal.
         let mut k = [0u8; 28];
         k[..4].copy_from_slice(b"tfx\0");
-        k[4..12].copy_from_slice(&self.cache_id.to_be_bytes());
+        k[4..12].copy_from_slice(&self.cache_id.load(Ordering::Relaxed).to_be_bytes());
         k[12..20].copy_from_slice(&file.to_be_bytes());
         k[20..].copy_from_slice(&offset.to_be_bytes());
         k

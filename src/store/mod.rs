@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 pub(crate) use extent_io::ALIGN as EXTENT_ALIGN;
 pub use extent_span::{ExtentSpan, SpanCheck, SpanPart, PIECE};
-pub use extents::{ExtentFileStats, ExtentFiles};
+pub use extents::{ExtentFileStats, ExtentFiles, ExtentLineage};
 pub(crate) use foreground::note as note_foreground_io;
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};

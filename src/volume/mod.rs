@@ -54,7 +54,7 @@ pub(crate) use neighbours::SMALL as SMALL_FILE;
 pub use privileges::{Caller, Clearing, CAPABILITY_XATTR};
 use readahead::Readahead;
 #[cfg(test)]
-pub(crate) use testing::TestStore;
+pub(crate) use testing::{noise, TestStore};
 pub use types::{
     Attr, BaseBlocks, DirEntry, Fallocate, FileKind, Owner, RenameMode, SetAttr, StatFs, XattrMode,
 };
