@@ -277,8 +277,9 @@ impl Daemon {
     }
 }
 
-/// Each mounted tenant holds about a dozen descriptors (its store's files, the FUSE device
-/// and its per-worker clones): the soft limit (often 1,024) is raised to the hard one.
+/// Each mounted tenant holds about a dozen descriptors while its store is open (its store's
+/// files, the FUSE device and the one copy its transport and notifications share) and 3 once
+/// dormant: the soft limit (often 1,024) is raised to the hard one.
 fn raise_open_files_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
