@@ -541,6 +541,49 @@ mod tests {
     }
 
     #[test]
+    fn a_dormant_tenant_still_counts_among_the_largest_for_the_reserve() {
+        use crate::space::{HostSpace, Reserve};
+        use std::sync::atomic::AtomicU64;
+        let store = Arc::new(TestStore::new());
+        let st = nix::sys::statvfs::statvfs(store.root()).unwrap();
+        let free = st.blocks_available() * st.fragment_size();
+        // Free space between half the reserve and the reserve: the largest tenant grows no
+        // more, the others still do.
+        let space = HostSpace::new(store.root(), Reserve::Bytes(free / 3 * 4));
+        let tenant = store.open_tenant();
+        let (lock, again, on) = (tenant.lock(), store.clone(), space.clone());
+        let reopen: Reopen =
+            Box::new(move || Ok(again.open_woken(lock.clone())?.with_space(on.clone())));
+        let volume = Volume::open(tenant).unwrap().with_space(space.clone());
+        let served = ServedVolume::new(volume, Some(reopen));
+        // Another tenant, larger for now: t may grow.
+        let other = Arc::new(AtomicU64::new(1 << 30));
+        space.hold(&other);
+        served
+            .woken(|v| {
+                let f = v.mknod(ROOT_INO, b"f", FileKind::File, 0o644, OWNER, 0)?;
+                v.write(f.ino, 0, &[7; 64 << 10])
+            })
+            .unwrap()
+            .unwrap();
+        // Now t holds the most, and rests.
+        other.store(4096, Ordering::Release);
+        assert!(served.rest_if_idle(0, Duration::ZERO));
+        assert!(
+            space.admit(&other, 4096, 0).is_ok(),
+            "the smaller tenant was refused: the dormant one no longer counted"
+        );
+        // Awake again, t is still the one refused.
+        let grown = served
+            .woken(|v| {
+                let g = v.mknod(ROOT_INO, b"g", FileKind::File, 0o644, OWNER, 0)?;
+                v.write(g.ino, 0, &[7; 4096])
+            })
+            .unwrap();
+        assert!(grown.is_err(), "{grown:?}");
+    }
+
+    #[test]
     fn requests_beside_rests_all_find_the_volume_open() {
         let store = Arc::new(TestStore::new());
         let served = Arc::new(served(&store));
