@@ -214,6 +214,10 @@ impl StoreHost {
             DBCompressionType::Lz4,
             DBCompressionType::Lz4,
         ]);
+        // Table files are loaded at open by the opening thread: with RocksDB's default of 16,
+        // each open of a store started and ended about 60 threads (15 per column family),
+        // most of a mount's and a wake's cost for a tenant's few files.
+        opts.set_max_file_opening_threads(1);
         opts.set_max_background_jobs(2);
         // Two flushes at once (RocksDB gives 2 jobs one flush): a bulk write fills a memtable
         // while the last one is still being encrypted and written, and a single flush thread
