@@ -92,9 +92,18 @@ fn a_daemon_confined_to_one_cpu_keeps_its_ring_queues_there() {
     let pid = d.0.id();
     h.ok(&["mount", "-o", "transport=uring", "t", mp.to_str().unwrap()]);
     let _g = h.guard("t", &mp, pid);
+    // A new thread names itself once it runs, which may be just after the mount returns.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while threads_named(pid, "fuse-ring-0") == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (on0, on1) = (
+        threads_named(pid, "fuse-ring-0"),
+        threads_named(pid, "fuse-ring-1"),
+    );
     assert!(
-        threads_named(pid, "fuse-ring-0") >= 1 && threads_named(pid, "fuse-ring-1") == 0,
-        "ring threads for the one CPU the daemon may use"
+        on0 >= 1 && on1 == 0,
+        "ring threads for the one CPU the daemon may use: {on0} for CPU 0, {on1} for CPU 1"
     );
     // Requests from CPU 1 go to queue 1, which a thread on CPU 0 answers.
     let f = mp.join("from-cpu-1");
