@@ -250,20 +250,13 @@ impl ServedVolume {
         match &*self.read() {
             State::Awake(v) => v.statfs(),
             State::Dormant(c) => {
-                let st = nix::sys::statvfs::statvfs(&c.path).map_err(|e| {
-                    crate::store::StoreError::Io {
-                        tenant: self.tenant.clone(),
-                        path: c.path.clone(),
-                        source: e.into(),
-                    }
-                })?;
-                let frag = st.fragment_size() as u64;
+                let (free, total) = crate::store::disk_space_at(&self.tenant, &c.path)?;
                 Ok(crate::volume::statfs_of(
                     c.quota,
                     c.usage,
                     u64::from(self.block_size),
-                    st.blocks_available() as u64 * frag,
-                    st.blocks() as u64 * frag,
+                    free,
+                    total,
                 ))
             }
         }
@@ -378,18 +371,23 @@ mod tests {
         ServedVolume::new(Volume::open(tenant).unwrap(), Some(reopen))
     }
 
+    /// A file `name` in the root holding `data`, written through `served`.
+    fn file(served: &ServedVolume, name: &[u8], data: &[u8]) -> crate::volume::Attr {
+        served
+            .woken(|v| {
+                let f = v.mknod(ROOT_INO, name, FileKind::File, 0o644, OWNER, 0)?;
+                v.write(f.ino, 0, data)?;
+                Ok::<_, VolumeError>(f)
+            })
+            .unwrap()
+            .unwrap()
+    }
+
     #[test]
     fn an_idle_store_closes_keeps_its_lock_and_opens_again_at_the_next_request() {
         let store = Arc::new(TestStore::new());
         let served = served(&store);
-        let f = served
-            .woken(|v| v.mknod(ROOT_INO, b"f", FileKind::File, 0o644, OWNER, 0))
-            .unwrap()
-            .unwrap();
-        served
-            .woken(|v| v.write(f.ino, 0, b"kept"))
-            .unwrap()
-            .unwrap();
+        let f = file(&served, b"f", b"kept");
         let usage = served.usage();
 
         // Requests seen since the last look: not idle yet.
@@ -444,14 +442,7 @@ mod tests {
     fn statfs_is_answered_while_dormant_and_does_not_keep_the_store_open() {
         let store = Arc::new(TestStore::new());
         let served = served(&store);
-        let f = served
-            .woken(|v| v.mknod(ROOT_INO, b"f", FileKind::File, 0o644, OWNER, 0))
-            .unwrap()
-            .unwrap();
-        served
-            .woken(|v| v.write(f.ino, 0, &[1; 10_000]))
-            .unwrap()
-            .unwrap();
+        let _f = file(&served, b"f", &[1; 10_000]);
         let awake = served.statfs().unwrap();
         // Three requests answered, all of them STATFS: no use since the first look.
         assert!(!served.rest_if_idle(10, Duration::ZERO));

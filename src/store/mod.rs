@@ -26,7 +26,9 @@ pub use extents::{ExtentFileStats, ExtentFiles, ExtentLineage};
 pub(crate) use foreground::note as note_foreground_io;
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
-pub use tenant_db::{Batch, BlobSpace, Encryption, Entry, Family, OpenMode, TenantDb};
+pub use tenant_db::{
+    disk_space_at, Batch, BlobSpace, Encryption, Entry, Family, OpenMode, TenantDb,
+};
 
 /// Size of the encryption header at the start of every store file.
 pub const FILE_HEADER_LEN: usize = file_key::PREFIX_LEN;

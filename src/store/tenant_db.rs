@@ -106,6 +106,21 @@ pub struct BlobSpace {
     pub garbage: u64,
 }
 
+/// Free and total bytes of the filesystem holding `tenant`'s store at `path` (see
+/// [`TenantDb::disk_space`]; also for a store that is closed).
+pub fn disk_space_at(tenant: &str, path: &Path) -> Result<(u64, u64), StoreError> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(|e| StoreError::Io {
+        tenant: tenant.to_owned(),
+        path: path.to_owned(),
+        source: e.into(),
+    })?;
+    let frag = st.fragment_size() as u64;
+    Ok((
+        st.blocks_available() as u64 * frag,
+        st.blocks() as u64 * frag,
+    ))
+}
+
 impl TenantDb {
     /// Opens (or creates) the store at `path` for `tenant`.
     pub fn open(
@@ -383,16 +398,7 @@ impl TenantDb {
 
     /// Bytes of free space on the filesystem holding the store, and its total size.
     pub fn disk_space(&self) -> Result<(u64, u64), StoreError> {
-        let st = nix::sys::statvfs::statvfs(&self.path).map_err(|e| StoreError::Io {
-            tenant: self.tenant.clone(),
-            path: self.path.clone(),
-            source: e.into(),
-        })?;
-        let frag = st.fragment_size() as u64;
-        Ok((
-            st.blocks_available() as u64 * frag,
-            st.blocks() as u64 * frag,
-        ))
+        disk_space_at(&self.tenant, &self.path)
     }
 
     /// A batch of changes applied atomically by [`Self::write`].
