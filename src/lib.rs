@@ -31,6 +31,7 @@ pub mod quota;
 pub mod serving;
 pub mod space;
 pub mod store;
+pub mod tenant_lock;
 pub mod tenants;
 pub mod ublk;
 pub mod units;

@@ -1,31 +1,10 @@
-//! Other processes as /proc shows them: who holds a file lock, whether a process is going
-//! away, what it runs.
+//! Other processes as /proc shows them: whether a process is going away, what it runs.
 //!
-//! A tenant's lock (a flock on `tenant.lock`) says "in use" without saying by whom. When it
-//! is taken, the holder's pid comes from /proc/locks; a holder that is exiting (killed, its
-//! threads still releasing their files) is worth a short wait, a live one is named in the
-//! refusal.
+//! A tenant's lock names its holder's pid ([`crate::tenant_lock::holder`]); a holder that is
+//! exiting (killed, its threads still releasing their files) is worth a short wait, a live
+//! one is named in the refusal.
 
 use std::fs;
-
-/// The pids holding a flock on the file with inode `ino` on device `major:minor`, from the
-/// text of /proc/locks (lines like `1: FLOCK  ADVISORY  WRITE 2323 fd:01:1234567 0 EOF`).
-pub fn flock_holders(proc_locks: &str, major: u32, minor: u32, ino: u64) -> Vec<u32> {
-    let want = format!("{major:02x}:{minor:02x}:{ino}");
-    proc_locks
-        .lines()
-        .filter_map(|line| {
-            let mut f = line.split_whitespace();
-            let _id = f.next()?;
-            if f.next()? != "FLOCK" {
-                return None; // POSIX locks, OFD locks, "->" waiters
-            }
-            let (_mode, _access) = (f.next()?, f.next()?);
-            let pid = f.next()?.parse().ok()?;
-            (f.next()? == want).then_some(pid)
-        })
-        .collect()
-}
 
 /// Whether process `pid` is gone or going away: no such process, every thread a zombie, or a
 /// SIGKILL pending (its threads are on their way out).
@@ -88,7 +67,6 @@ fn one_line(raw: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::MetadataExt;
 
     #[test]
     fn command_lines_fit_one_line() {
@@ -100,37 +78,6 @@ mod tests {
         let long = one_line(&[b"a\0".as_slice(), &[b'x'; 100]].concat());
         assert_eq!(long.len(), 63);
         assert!(long.ends_with("..."));
-    }
-
-    #[test]
-    fn parses_proc_locks() {
-        let text = "1: POSIX  ADVISORY  WRITE 100 fd:01:42 0 EOF\n\
-                    2: FLOCK  ADVISORY  WRITE 2323 fd:01:42 0 EOF\n\
-                    2: -> FLOCK  ADVISORY  WRITE 2400 fd:01:42 0 EOF\n\
-                    3: FLOCK  ADVISORY  WRITE 77 fd:01:43 0 EOF\n\
-                    4: OFDLCK ADVISORY  READ  -1 00:1e:42 0 EOF\n";
-        assert_eq!(flock_holders(text, 0xfd, 1, 42), vec![2323]);
-        assert_eq!(flock_holders(text, 0xfd, 1, 43), vec![77]);
-        assert!(flock_holders(text, 0, 0x1e, 42).is_empty());
-    }
-
-    /// The live kernel agrees with the parser: a flock this process takes shows this pid.
-    #[test]
-    fn finds_this_process_as_holder() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("lock");
-        let file = fs::File::create(&path).unwrap();
-        let _held = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
-            .map_err(|(_, e)| e)
-            .unwrap();
-        let meta = fs::metadata(&path).unwrap();
-        let holders = flock_holders(
-            &fs::read_to_string("/proc/locks").unwrap(),
-            libc::major(meta.dev()),
-            libc::minor(meta.dev()),
-            meta.ino(),
-        );
-        assert_eq!(holders, vec![std::process::id()]);
     }
 
     #[test]

@@ -3,23 +3,22 @@
 //! ```text
 //! tenants/<name>/tenant.json   name, format version, block size, creation time, wrapped key,
 //!                              base, device size (block volumes), quota
-//! tenants/<name>/tenant.lock   flock held while the tenant's store is open
 //! tenants/<name>/db/           the tenant's encrypted RocksDB
 //! ```
 //!
 //! A tenant appears only whole: `create` builds everything in a hidden staging directory and
-//! renames it into place; `delete` renames the directory away before removing it. The lock file
-//! makes "in use" visible across processes, so a mounted tenant cannot be deleted or opened twice.
+//! renames it into place; `delete` renames the directory away before removing it. The tenant's
+//! lock ([`crate::tenant_lock`], in the data dir's one lock file) makes "in use" visible across
+//! processes, so a mounted tenant cannot be deleted or opened twice.
 //!
 //! Everything about one tenant (create, open, info, delete) reads that tenant's directory
 //! only, never the others': its cost does not grow with the number of tenants. Only `list`
 //! walks them all.
 
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use nix::fcntl::{Flock, FlockArg};
 use serde::{Deserialize, Serialize};
 
 use crate::crypto::{KeyError, TenantKey};
@@ -28,9 +27,10 @@ use crate::fs_util::{sync_dir, tree_bytes, write_atomic};
 use crate::process;
 use crate::quota::Quota;
 use crate::store::{Encryption, OpenMode, StoreError, StoreHost, TenantDb};
+pub use crate::tenant_lock::TenantLock;
+use crate::tenant_lock::{self, LockError};
 
 const RECORD: &str = "tenant.json";
-const LOCK: &str = "tenant.lock";
 const DB: &str = "db";
 const FORMAT_VERSION: u32 = 1;
 /// Block size of a new volume when none is given.
@@ -207,12 +207,6 @@ impl Tenant {
     }
 }
 
-/// The tenant's lock file, locked by this process (shared by the holds on it).
-#[derive(Clone)]
-pub struct TenantLock {
-    _held: std::sync::Arc<Flock<File>>,
-}
-
 /// Creates a tenant with a fresh key and an empty store.
 pub fn create(
     data: &DataDir,
@@ -356,16 +350,15 @@ pub fn list(root: &Path) -> Result<Vec<TenantInfo>, TenantError> {
     Ok(out)
 }
 
-fn lock(dir: &Path, name: &str) -> Result<Flock<File>, TenantError> {
-    let path = dir.join(LOCK);
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(io_err(&path))?;
-    Flock::lock(file, FlockArg::LockExclusiveNonblock)
-        .map_err(|_| TenantError::InUse(name.to_owned()))
+/// Takes tenant `name` of the data dir at `root` for this process (see [`tenant_lock`]).
+fn lock(root: &Path, name: &str) -> Result<TenantLock, TenantError> {
+    tenant_lock::lock(root, name).map_err(|e| match e {
+        LockError::Held => TenantError::InUse(name.to_owned()),
+        LockError::Io { path, source } => TenantError::Io {
+            path: PathBuf::from(path),
+            source,
+        },
+    })
 }
 
 /// Opens a tenant's store, holding its lock until the returned [`Tenant`] drops.
@@ -374,9 +367,7 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, Tena
     let record = read_record(&dir, name)?;
     // Unwrap before touching anything: a wrong key must change nothing at rest.
     let key = unwrap_key(data, name, &dir, &record)?;
-    let lock = TenantLock {
-        _held: std::sync::Arc::new(lock(&dir, name)?),
-    };
+    let lock = lock(data.root(), name)?;
     open_store(host, name, &dir, record, key, lock)
 }
 
@@ -451,8 +442,8 @@ pub fn set_quota_of_open(data: &DataDir, tenant: &Tenant, quota: Quota) -> Resul
 /// Records the new quota of tenant `name`, which no process may have open (one that serves it
 /// changes it through [`set_quota_of_open`]); it holds from the next mount on.
 pub fn set_quota(root: &Path, name: &str, quota: Quota) -> Result<TenantInfo, TenantError> {
-    let dir = tenant_dir(root, name)?;
-    let _lock = lock(&dir, name)?;
+    tenant_dir(root, name)?;
+    let _lock = lock(root, name)?;
     rewrite_record(root, name, |r| r.quota = quota)?;
     info(root, name)
 }
@@ -487,18 +478,17 @@ pub fn open_when_free(data: &DataDir, host: &StoreHost, name: &str) -> Result<Te
         let err = match open(data, host, name) {
             Ok(t) => return Ok(t),
             Err(TenantError::InUse(_)) => {
-                let path = tenant_dir(data.root(), name)?.join(LOCK);
-                match lock_holders(&path).first() {
-                    // Released in between (or /proc/locks unreadable): try again shortly.
+                match tenant_lock::holder(data.root(), name) {
+                    // Released in between (or the holder out of sight): try again shortly.
                     None => TenantError::InUse(name.to_owned()),
-                    Some(&pid) if !process::going_away(pid) => {
+                    Some(pid) if !process::going_away(pid) => {
                         return Err(TenantError::InUseBy {
                             name: name.to_owned(),
                             pid,
                             command: process::command(pid),
                         })
                     }
-                    Some(&pid) => TenantError::StillExiting {
+                    Some(pid) => TenantError::StillExiting {
                         name: name.to_owned(),
                         pid,
                         secs: patience.as_secs(),
@@ -522,26 +512,16 @@ pub fn open_when_free(data: &DataDir, host: &StoreHost, name: &str) -> Result<Te
     }
 }
 
-/// The processes that hold a flock on `path`, from /proc/locks (empty if it cannot be read).
-fn lock_holders(path: &Path) -> Vec<u32> {
-    use std::os::unix::fs::MetadataExt;
-    let (Ok(meta), Ok(text)) = (fs::metadata(path), fs::read_to_string("/proc/locks")) else {
-        return Vec::new();
-    };
-    let dev = meta.dev();
-    process::flock_holders(&text, libc::major(dev), libc::minor(dev), meta.ino())
-}
-
 /// Waits until no process holds the tenant open; `Ok(false)` if `timeout` passed first.
 pub fn wait_until_closed(
     root: &Path,
     name: &str,
     timeout: std::time::Duration,
 ) -> Result<bool, TenantError> {
-    let dir = tenant_dir(root, name)?;
+    tenant_dir(root, name)?;
     let deadline = std::time::Instant::now() + timeout;
     loop {
-        match lock(&dir, name) {
+        match lock(root, name) {
             Ok(_) => return Ok(true),
             Err(TenantError::InUse(_)) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(20))
@@ -556,7 +536,7 @@ pub fn wait_until_closed(
 pub fn delete(data: &DataDir, name: &str) -> Result<(), TenantError> {
     let dir = tenant_dir(data.root(), name)?;
     let root = data.tenants_dir();
-    let lock = lock(&dir, name)?;
+    let lock = lock(data.root(), name)?;
     let doomed = root.join(format!(".deleting-{name}-{}", std::process::id()));
     fs::rename(&dir, &doomed).map_err(io_err(&dir))?;
     sync_dir(&root).map_err(io_err(&root))?;

@@ -36,16 +36,9 @@ fn mount_cmd() -> Command {
 /// umount(8), then wait until the tenant's serving process let go of its store.
 fn umount8(h: &Host, mp: &Path, tenant: &str) {
     check(Command::new("umount").arg(mp));
-    let lock = h.data.join("tenants").join(tenant).join("tenant.lock");
-    let end = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < end {
-        let f = std::fs::File::open(&lock).unwrap();
-        if nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("tenant {tenant} still open after umount");
+    let closed =
+        tenantfs::tenants::wait_until_closed(&h.data, tenant, Duration::from_secs(20)).unwrap();
+    assert!(closed, "tenant {tenant} still open after umount");
 }
 
 #[test]

@@ -159,18 +159,24 @@ fn kill9_during_synced_writes_then_restart_100_rounds() {
     );
 }
 
-/// Holds tenant `t`'s lock from a python process; `fork_and_exit`: the locker forks a child
-/// that keeps the descriptor for `secs` and exits itself at once (a holder that is going
-/// away: /proc/locks still names the exited locker). Returns the locker's pid.
+/// Holds tenant `t`'s lock from a python process; `fork_and_exit`: the locker clones a child
+/// that shares its descriptor table (so the lock stays, as a killed process's does while its
+/// threads finish) for `secs`, and exits itself at once: a holder that is going away, the
+/// lock still naming the exited locker. Both leave by `os._exit`: python's own exit would
+/// close the shared descriptor. Returns the locker's pid.
 pub(super) fn hold_tenant_lock(h: &Host, t: &str, fork_and_exit: bool, secs: f64) -> u32 {
-    let lock = h.data.join("tenants").join(t).join("tenant.lock");
+    let lock = h.data.join(tenantfs::tenant_lock::LOCK_FILE);
+    // clone(CLONE_FILES | SIGCHLD) with no stack of its own: fork, sharing the descriptors.
     let script = format!(
-        "import fcntl, os, sys, time\n\
-         f = open({lock:?}, 'a'); fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n\
+        "import ctypes, fcntl, os, sys, time\n\
+         f = open({lock:?}, 'a'); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {offset})\n\
          print(os.getpid(), flush=True)\n\
-         if {fork} and os.fork() == 0:\n    time.sleep({secs}); os._exit(0)\n\
-         if not {fork}: time.sleep({secs})\n",
+         if {fork}:\n    libc = ctypes.CDLL(None, use_errno=True)\n\
+         \x20   if libc.syscall(56, 0x400 | 17, 0, 0, 0, 0) == 0:\n        time.sleep({secs})\n\
+         else:\n    time.sleep({secs})\n\
+         os._exit(0)\n",
         lock = lock.to_str().unwrap(),
+        offset = tenantfs::tenant_lock::offset_of(t),
         fork = if fork_and_exit { "True" } else { "False" },
     );
     let mut child = std::process::Command::new("python3")
