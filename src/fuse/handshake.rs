@@ -1,5 +1,5 @@
-//! The mount's INIT handshake, the one request fuser answers: fuser mounts the filesystem
-//! and answers INIT inside `fuser::Session::new` through this [`Filesystem`]; every later
+//! The mount's INIT handshake, the one request fuser answers: fuser answers INIT inside
+//! `fuser::Session::from_fd` through this [`Filesystem`], and its session ends there; every later
 //! request is read by tenantfs's own transports ([`super::device`], [`super::ring`]), so no
 //! other method of it is ever called. At INIT it also offers the kernel FUSE over io_uring
 //! and, if the kernel takes it, starts the [`Ring`] that serves requests from then on.
@@ -14,8 +14,7 @@ use super::ops::{CacheMode, Operations, MAX_WRITE};
 use super::ring::Ring;
 use crate::metrics::MountMetrics;
 
-/// What fuser holds of a mount: the operations (for INIT and the final sync at DESTROY) and
-/// the ring.
+/// What fuser needs of a mount for INIT: the operations and the ring.
 pub struct Handshake {
     ops: Arc<Operations>,
     ring: Arc<Ring>,
@@ -102,8 +101,6 @@ impl Filesystem for Handshake {
         Ok(())
     }
 
-    fn destroy(&mut self) {
-        self.ring.stop();
-        self.ops.destroy();
-    }
+    // No `destroy`: fuser's session ends right after INIT; the mount's end is the session's
+    // (`Session::start`).
 }

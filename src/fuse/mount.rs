@@ -1,7 +1,8 @@
 //! Mountpoints and the mount table: mount options, checking a mountpoint before mounting
 //! (one left dead by a killed server, "transport endpoint is not connected", is detached
-//! first), finding tenantfs mounts in /proc/self/mountinfo, unmounting by path, and the
-//! shutdown signals a serving process waits for. Serving itself is [`super::Session`].
+//! first), mounting a tenant's FUSE device, finding tenantfs mounts in /proc/self/mountinfo,
+//! unmounting by path, and the shutdown signals a serving process waits for. Serving itself
+//! is [`super::Session`].
 
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -229,6 +230,51 @@ pub fn prepare_mountpoint(path: &Path) -> Result<(), MountError> {
         Ok(_) => Err(MountError::NotADirectory(path.to_owned())),
         Err(_) => Err(MountError::NoMountpoint(path.to_owned())),
     }
+}
+
+/// Mounts tenant `tenant`'s filesystem at `mountpoint` over a new FUSE device and returns the
+/// device, the one descriptor a mount keeps (its INIT still to be answered). mount(2) as
+/// fuser's own mount does it for root: type `fuse` with `subtype=tenantfs`, source
+/// `tenantfs:NAME`, devices and setuid bits honoured, the kernel checking permissions
+/// (`default_permissions`) for every user (`allow_other`).
+pub(super) fn mount_device(
+    mountpoint: &Path,
+    tenant: &str,
+    read_only: bool,
+) -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::PermissionsExt;
+    let root_mode = std::fs::metadata(mountpoint)?.permissions().mode();
+    let device = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?;
+    let data = format!(
+        "fd={},rootmode={root_mode:o},user_id={},group_id={},subtype=tenantfs,\
+         default_permissions,allow_other",
+        device.as_raw_fd(),
+        nix::unistd::getuid(),
+        nix::unistd::getgid(),
+    );
+    let mut flags = nix::mount::MsFlags::empty();
+    if read_only {
+        flags |= nix::mount::MsFlags::MS_RDONLY;
+    }
+    nix::mount::mount(
+        Some(format!("{SOURCE_PREFIX}{tenant}").as_str()),
+        mountpoint,
+        Some("fuse"),
+        flags,
+        Some(data.as_str()),
+    )
+    .map_err(|e| match e {
+        nix::errno::Errno::EPERM => io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            "mounting a tenant needs root (CAP_SYS_ADMIN); run it as root or through the daemon",
+        ),
+        e => io::Error::other(format!("mount(2) with {data:?}: {e}")),
+    })?;
+    Ok(device.into())
 }
 
 /// The signals that end a serving process cleanly (SIGHUP is taken and ignored).

@@ -1,6 +1,7 @@
 //! One mounted tenant filesystem being served: the one session type of tenantfs.
 //!
-//! [`Session::start`] mounts a [`Volume`] (fuser mounts it and answers INIT) and serves it
+//! [`Session::start`] mounts a [`Volume`] (mount(2) by [`mount_device`], INIT answered by
+//! fuser over a passing copy of the device, so the mount keeps one descriptor) and serves it
 //! from threads of this process: the host's ring threads when the kernel takes FUSE over
 //! io_uring ([`super::ring`]), else a thread of its own, the first /dev/fuse worker, with
 //! more started on demand ([`super::device`]). It returns once the kernel has the mount. The session ends by
@@ -15,12 +16,12 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use fuser::{Config, MountOption, SessionACL};
+use fuser::{Config, SessionACL};
 
 use super::device;
 use super::dormancy::ServedVolume;
 use super::handshake::Handshake;
-use super::mount::{prepare_mountpoint, unmount, MountError, MountOptions, SOURCE_PREFIX};
+use super::mount::{mount_device, prepare_mountpoint, unmount, MountError, MountOptions};
 use super::ops::Operations;
 use super::ring::{self, Transport};
 use crate::io_limits::IoLimits;
@@ -31,23 +32,9 @@ use crate::store::StoreState;
 /// on demand from one).
 const MAX_DEVICE_WORKERS: usize = 4;
 
-/// The fuser configuration of one tenant's mount.
-fn session_config(tenant: &str, options: &MountOptions) -> Config {
+/// What fuser needs to answer INIT (the mount itself is [`mount_device`]'s).
+fn session_config() -> Config {
     let mut cfg = Config::default();
-    cfg.mount_options = vec![
-        MountOption::FSName(format!("{SOURCE_PREFIX}{tenant}")),
-        // To the kernel, so the mount table says `fuse.tenantfs` (fuser keeps its Subtype
-        // option for fusermount and mounts as plain `fuse` when it calls mount(2) itself).
-        MountOption::CUSTOM("subtype=tenantfs".into()),
-        MountOption::DefaultPermissions,
-        MountOption::Dev,
-        MountOption::Suid,
-        if options.read_only {
-            MountOption::RO
-        } else {
-            MountOption::RW
-        },
-    ];
     // The tenant's processes are not the daemon's user; the kernel checks permissions.
     cfg.acl = SessionACL::All;
     cfg
@@ -67,10 +54,9 @@ impl Ended {
     }
 }
 
-/// What ending the session takes: fuser's unmounter (works once) and, over /dev/fuse, the
-/// serving thread (over the ring, the host's ring threads serve the mount and start its end).
+/// What ending the session takes over /dev/fuse: the serving thread (over the ring, the
+/// host's ring threads serve the mount and start its end).
 struct Control {
-    unmounter: Option<fuser::SessionUnmounter>,
     thread: Option<JoinHandle<io::Result<()>>>,
 }
 
@@ -110,22 +96,30 @@ impl Session {
         };
         let (ring, ops) = (fs.ring(), fs.ops());
         let served_ops = Arc::downgrade(&ops);
-        let mut session = fuser::Session::new(fs, mountpoint, &session_config(&tenant, options))
-            .map_err(mount_err)?;
-        use std::os::fd::AsFd;
-        // One copy of fuser's descriptor, for the transport and the notifications alike.
-        let device = Arc::new(session.as_fd().try_clone_to_owned().map_err(mount_err)?);
+        let device = mount_device(mountpoint, &tenant, options.read_only).map_err(mount_err)?;
+        // fuser answers INIT through `fs` over a second descriptor of the device, which goes
+        // with its session right after: the mount keeps one, for the transport and the
+        // notifications alike.
+        let negotiated = device.try_clone().and_then(|copy| {
+            fuser::Session::from_fd(fs, copy, SessionACL::All, session_config()).map(drop)
+        });
+        if let Err(e) = negotiated {
+            let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+            return Err(mount_err(e));
+        }
+        let device = Arc::new(device);
         ops.set_device(device.clone());
-        let unmounter = session.unmount_callable();
         let ended = Arc::new(Ended::default());
         let end = {
             let path = mountpoint.to_owned();
-            let ended = ended.clone();
+            let (ended, ring, ops) = (ended.clone(), ring.clone(), ops.clone());
             move || {
-                // fuser's session holds the mount and the handshake: dropping it stops the
-                // ring, syncs the store, and lets the volume go, so the store is durable and
-                // closed before waiters hear of the end.
-                drop(session);
+                // The ring stopped and the store synced (its volume goes with the last
+                // reference to the operations), so the store is durable and closed before
+                // waiters hear of the end.
+                ring.stop();
+                ops.destroy();
+                drop(ops);
                 tracing::info!(path = %path.display(), "unmounted");
                 ended.set();
             }
@@ -153,10 +147,7 @@ impl Session {
             metrics,
             volume: served,
             ops: served_ops,
-            control: Mutex::new(Control {
-                unmounter: Some(unmounter),
-                thread,
-            }),
+            control: Mutex::new(Control { thread }),
             ended,
         })
     }
@@ -243,25 +234,10 @@ impl Session {
     /// mounted and served (the error says so).
     pub fn unmount(&self) -> Result<(), MountError> {
         if !self.is_finished() {
-            // fuser's unmounter works once; after that (a busy mount) unmount by path.
-            let first = self.control().unmounter.take();
-            let result = match first {
-                Some(mut u) => u.unmount().map_err(|e| {
-                    if e.raw_os_error() == Some(libc::EBUSY) {
-                        MountError::Busy(self.path.clone())
-                    } else {
-                        MountError::Unmount {
-                            path: self.path.clone(),
-                            source: e,
-                        }
-                    }
-                }),
-                None => unmount(&self.path).map(drop),
-            };
-            match result {
+            match nix::mount::umount2(&self.path, nix::mount::MntFlags::empty()) {
                 Ok(()) => {}
-                Err(MountError::Busy(p)) => return Err(MountError::Busy(p)),
-                // Not busy, but fuser's unmount failed: try by path like `tenantfs umount`.
+                Err(nix::errno::Errno::EBUSY) => return Err(MountError::Busy(self.path.clone())),
+                // Not busy, but not unmounted either: by path, as `tenantfs umount` does.
                 Err(_) => {
                     unmount(&self.path)?;
                 }

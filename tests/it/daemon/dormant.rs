@@ -27,6 +27,42 @@ fn wait_dormant(h: &Host, tenant: &str, want: bool) -> bool {
     }
 }
 
+/// A dormant mount holds one descriptor, its FUSE device: the tenant's lock is a record in
+/// the data dir's one lock file, and the device is not kept twice. This is what lets 10,000
+/// idle mounts fit a process limit of 20,000 descriptors.
+#[test]
+fn each_dormant_mount_holds_one_descriptor() {
+    let h = Host::new("dormfds").with_config("[store]\nclose_idle_after_secs = 1\n");
+    for t in ["a", "b", "c"] {
+        h.create_tenant(t);
+    }
+    let d = start_daemon(&h, &h.root().join("notify"));
+    let pid = d.0.id();
+    // The first mount opens what all share (the lock file, the host's rings).
+    let mut mounts = mount_each(&h, &d, &["a"]);
+    assert!(wait_dormant(&h, "a", true));
+    let one = open_fds(pid);
+    mounts.extend(mount_each(&h, &d, &["b", "c"]));
+    std::fs::write(h.dir("m-b").join("f"), b"x").unwrap();
+    std::fs::write(h.dir("m-c").join("f"), b"x").unwrap();
+    assert!(wait_dormant(&h, "b", true) && wait_dormant(&h, "c", true));
+    let three = open_fds(pid);
+    let fuse = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter(|e| {
+            std::fs::read_link(e.as_ref().unwrap().path())
+                .is_ok_and(|l| l == std::path::Path::new("/dev/fuse"))
+        })
+        .count();
+    assert_eq!(
+        three,
+        one + 2,
+        "two more dormant mounts: {one} -> {three} descriptors"
+    );
+    assert_eq!(fuse, 3, "FUSE devices open for 3 mounts");
+    drop(mounts);
+}
+
 #[test]
 fn an_idle_mount_closes_its_store_and_its_next_request_finds_everything_as_it_was() {
     let h = Host::new("dormant").with_config("[store]\nclose_idle_after_secs = 1\n");

@@ -23,14 +23,17 @@ fn python_file_io_leaves_no_warnings_and_the_mount_type_is_fuse_tenantfs() {
             "-t",
             "fuse.tenantfs",
             "-o",
-            "FSTYPE,SOURCE",
+            "FSTYPE,SOURCE,VFS-OPTIONS,FS-OPTIONS",
             "--mountpoint",
             mp.to_str().unwrap(),
         ],
     ));
+    // tenantfs mounts by mount(2) itself with the options fuser's mount gave: devices and
+    // setuid bits honoured, permissions checked by the kernel for every user.
     assert_eq!(
         listed.trim(),
-        "fuse.tenantfs tenantfs:t",
+        "fuse.tenantfs tenantfs:t rw,relatime \
+         rw,user_id=0,group_id=0,default_permissions,allow_other",
         "findmnt -t fuse.tenantfs"
     );
     let script = format!(
