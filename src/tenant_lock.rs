@@ -10,19 +10,23 @@
 //!
 //! How it fails, and what guards against it:
 //! - A process's record locks on a file all go when it closes *any* descriptor of that file.
-//!   So a process opens the lock file once ([`LockFile`], kept in [`OPEN`]) and never a
-//!   second time while that copy is open, and nothing else in tenantfs opens it.
-//! - Record locks do not exclude within one process: each [`LockFile`] also keeps the offsets
-//!   this process holds, and a second hold of one is refused like another process's.
-//! - A data dir deleted and made anew (tests do) has a new lock file, perhaps with the old
-//!   one's inode number: a copy whose file has no links left is never used again.
+//!   So a process keeps one copy of the lock file open per data dir ([`DataDirLocks`], found
+//!   by the data dir's inode, whatever path names it), opens it again only once the path
+//!   names another file, and nothing else in tenantfs opens it.
+//! - Record locks do not exclude within one process: each data dir's state also keeps the
+//!   offsets this process holds, and a second hold of one is refused like another process's.
+//! - The lock file deleted or replaced while tenants are held (an operator's `rm`): the next
+//!   lock or look-up opens the new file and takes every held tenant in it again, so other
+//!   processes see them from then on.
 //! - The holder of a refused lock is found with `F_GETLK` ([`holder`]), which names its pid.
+//! - A process of a build from before this file held `tenants/<name>/tenant.lock` by flock:
+//!   while that file exists, [`lock`] also checks that no such process holds it.
 
 use std::collections::HashSet;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -34,25 +38,77 @@ pub const LOCK_FILE: &str = "tenants.locks";
 /// Offsets are below 2^62, so `offset + 1` is a valid `off_t`.
 const OFFSET_BITS: u32 = 62;
 
-/// The lock files this process has open, one per data dir (and per incarnation of one).
-static OPEN: Mutex<Vec<Arc<LockFile>>> = Mutex::new(Vec::new());
+/// The data dirs this process has locked tenants in, by the data dir's device and inode.
+static DATA_DIRS: Mutex<Vec<Arc<DataDirLocks>>> = Mutex::new(Vec::new());
 
-/// One copy of a data dir's lock file, and the tenants this process holds in it.
-struct LockFile {
+/// A data dir's lock file as this process has it open, and the tenants it holds there.
+struct DataDirLocks {
+    dev: u64,
+    ino: u64,
+    state: Mutex<Option<Copy>>,
+}
+
+/// One open copy of the lock file: its device and inode, and the offsets held in it.
+struct Copy {
     file: File,
     dev: u64,
     ino: u64,
-    held: Mutex<HashSet<i64>>,
+    held: HashSet<i64>,
 }
 
-impl LockFile {
-    fn held(&self) -> MutexGuard<'_, HashSet<i64>> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+impl DataDirLocks {
+    /// Whether its lock file is deleted and no tenant is held in it.
+    fn is_gone(&self) -> bool {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        state
+            .as_ref()
+            .is_some_and(|c| c.held.is_empty() && c.file.metadata().is_ok_and(|m| m.nlink() == 0))
     }
 
-    /// Whether the path still names this copy's file (not deleted, not replaced).
-    fn is_current(&self, dev: u64, ino: u64) -> bool {
-        self.dev == dev && self.ino == ino && self.file.metadata().is_ok_and(|m| m.nlink() > 0)
+    /// The state with the copy of the file `root`'s lock file names now: opened the first
+    /// time, opened anew (every held tenant locked in it again) once the path names another
+    /// file.
+    fn current(&self, root: &Path) -> Result<MutexGuard<'_, Option<Copy>>, LockError> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let path = root.join(LOCK_FILE);
+        let named = std::fs::metadata(&path).ok().map(|m| (m.dev(), m.ino()));
+        if let (Some(c), Some(id)) = (state.as_ref(), named) {
+            if (c.dev, c.ino) == id && c.file.metadata().is_ok_and(|m| m.nlink() > 0) {
+                return Ok(state);
+            }
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|e| io_error(root, e))?;
+        let meta = file.metadata().map_err(|e| io_error(root, e))?;
+        let held = state.take().map(|old| old.held).unwrap_or_default();
+        if !held.is_empty() {
+            tracing::warn!(
+                path = %path.display(),
+                tenants = held.len(),
+                "the tenants' lock file was replaced; taking the held tenants' locks in it again"
+            );
+        }
+        for &offset in &held {
+            if let Err(e) = fcntl(
+                file.as_raw_fd(),
+                FcntlArg::F_SETLK(&record(libc::F_WRLCK, offset)),
+            ) {
+                tracing::error!(offset, error = %e, "cannot take a held tenant's lock again");
+            }
+        }
+        *state = Some(Copy {
+            file,
+            dev: meta.dev(),
+            ino: meta.ino(),
+            held,
+        });
+        Ok(state)
     }
 }
 
@@ -64,21 +120,20 @@ pub struct TenantLock {
 }
 
 struct Held {
-    file: Arc<LockFile>,
+    dir: Arc<DataDirLocks>,
     offset: i64,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let mut held = self.file.held();
-        if let Err(e) = fcntl(
-            self.file.file.as_raw_fd(),
-            FcntlArg::F_SETLK(&record(libc::F_UNLCK, self.offset)),
-        ) {
+        let mut state = self.dir.state.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(copy) = state.as_mut() else { return };
+        let unlock = record(libc::F_UNLCK, self.offset);
+        if let Err(e) = fcntl(copy.file.as_raw_fd(), FcntlArg::F_SETLK(&unlock)) {
             // Only a bad descriptor fails here; the lock goes when the process exits.
             tracing::error!(offset = self.offset, error = %e, "cannot release a tenant's lock");
         }
-        held.remove(&self.offset);
+        copy.held.remove(&self.offset);
     }
 }
 
@@ -99,69 +154,71 @@ pub fn offset_of(name: &str) -> i64 {
 
 /// Takes tenant `name` of the data dir at `root` for this process, without waiting.
 pub fn lock(root: &Path, name: &str) -> Result<TenantLock, LockError> {
-    let file = open(root)?;
+    let dir = data_dir(root)?;
     let offset = offset_of(name);
-    let mut held = file.held();
-    if held.contains(&offset) {
+    let mut state = dir.current(root)?;
+    let copy = state.as_mut().expect("current() leaves a copy");
+    if copy.held.contains(&offset) || legacy_lock_held(root, name) {
         return Err(LockError::Held);
     }
-    match fcntl(
-        file.file.as_raw_fd(),
-        FcntlArg::F_SETLK(&record(libc::F_WRLCK, offset)),
-    ) {
+    let want = record(libc::F_WRLCK, offset);
+    match fcntl(copy.file.as_raw_fd(), FcntlArg::F_SETLK(&want)) {
         Ok(_) => {}
         Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EACCES) => return Err(LockError::Held),
         Err(e) => return Err(io_error(root, e.into())),
     }
-    held.insert(offset);
-    drop(held);
+    copy.held.insert(offset);
+    drop(state);
     Ok(TenantLock {
-        _held: Arc::new(Held { file, offset }),
+        _held: Arc::new(Held { dir, offset }),
     })
 }
 
 /// The pid of the process that holds tenant `name` (this process's own if it does), or
 /// `None` if no process does or the holder cannot be seen (another pid namespace).
 pub fn holder(root: &Path, name: &str) -> Option<u32> {
-    let file = open(root).ok()?;
+    let dir = data_dir(root).ok()?;
     let offset = offset_of(name);
-    if file.held().contains(&offset) {
+    let state = dir.current(root).ok()?;
+    let copy = state.as_ref()?;
+    if copy.held.contains(&offset) {
         return Some(std::process::id());
     }
     let mut probe = record(libc::F_WRLCK, offset);
-    fcntl(file.file.as_raw_fd(), FcntlArg::F_GETLK(&mut probe)).ok()?;
+    fcntl(copy.file.as_raw_fd(), FcntlArg::F_GETLK(&mut probe)).ok()?;
     (probe.l_type != libc::F_UNLCK as libc::c_short && probe.l_pid > 0)
         .then_some(probe.l_pid as u32)
 }
 
-/// This process's copy of the lock file of the data dir at `root`, opened (and created) the
-/// first time.
-fn open(root: &Path) -> Result<Arc<LockFile>, LockError> {
-    let path = root.join(LOCK_FILE);
-    let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
-    // Copies of files since deleted are dropped from the list (holds keep theirs open).
-    open.retain(|f| f.file.metadata().is_ok_and(|m| m.nlink() > 0));
-    if let Ok(meta) = std::fs::metadata(&path) {
-        if let Some(f) = open.iter().find(|f| f.is_current(meta.dev(), meta.ino())) {
-            return Ok(f.clone());
-        }
+/// This process's locks in the data dir at `root`.
+fn data_dir(root: &Path) -> Result<Arc<DataDirLocks>, LockError> {
+    let meta = std::fs::metadata(root).map_err(|e| io_error(root, e))?;
+    let mut dirs = DATA_DIRS.lock().unwrap_or_else(|p| p.into_inner());
+    // Data dirs deleted since (tests make many) hold nothing: their copies close.
+    dirs.retain(|d| !d.is_gone());
+    if let Some(d) = dirs
+        .iter()
+        .find(|d| (d.dev, d.ino) == (meta.dev(), meta.ino()))
+    {
+        return Ok(d.clone());
     }
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        .map_err(|e| io_error(root, e))?;
-    let meta = file.metadata().map_err(|e| io_error(root, e))?;
-    let copy = Arc::new(LockFile {
-        file,
+    let dir = Arc::new(DataDirLocks {
         dev: meta.dev(),
         ino: meta.ino(),
-        held: Mutex::new(HashSet::new()),
+        state: Mutex::new(None),
     });
-    open.push(copy.clone());
-    Ok(copy)
+    dirs.push(dir.clone());
+    Ok(dir)
+}
+
+/// Whether a process of an older build holds tenant `name` by its flock on
+/// `tenants/<name>/tenant.lock` (tried and released at once; no file, no holder).
+fn legacy_lock_held(root: &Path, name: &str) -> bool {
+    let path = root.join("tenants").join(name).join("tenant.lock");
+    let Ok(file) = OpenOptions::new().write(true).open(path) else {
+        return false;
+    };
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err()
 }
 
 /// A one-byte record of the lock file at `offset`, of lock type `kind`.
@@ -213,31 +270,16 @@ mod tests {
         drop((a, b));
     }
 
-    /// Another process sees the lock, and names this one as its holder; it may take the
-    /// tenant once this process releases it.
+    /// Another process sees the lock; it may take the tenant once this process releases it.
     #[test]
-    fn another_process_is_refused_and_told_the_holder() {
+    fn another_process_is_refused_until_released() {
         let dir = tempfile::tempdir().unwrap();
         let held = lock(dir.path(), "t").unwrap();
-        let probe = |name: &str| {
-            let script = format!(
-                "import fcntl, os, struct, sys\n\
-                 f = open({path:?}, 'r+')\n\
-                 try:\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {offset}); print('free')\n\
-                 except OSError:\n    print('held')\n",
-                path = dir.path().join(LOCK_FILE).to_str().unwrap(),
-                offset = offset_of(name),
-            );
-            let out = std::process::Command::new("python3")
-                .args(["-c", &script])
-                .output()
-                .unwrap();
-            String::from_utf8(out.stdout).unwrap().trim().to_owned()
-        };
-        assert_eq!(probe("t"), "held");
-        assert_eq!(probe("other"), "free");
+        let path = dir.path().join(LOCK_FILE);
+        assert_eq!(python_probe(&path, "t"), "held");
+        assert_eq!(python_probe(&path, "other"), "free");
         drop(held);
-        assert_eq!(probe("t"), "free");
+        assert_eq!(python_probe(&path, "t"), "free");
     }
 
     /// A data dir made anew at the same path gets a new lock file, not the old copy.
@@ -249,8 +291,65 @@ mod tests {
         let old = lock(&root, "t").unwrap();
         std::fs::remove_dir_all(&root).unwrap();
         std::fs::create_dir(&root).unwrap();
-        let new = lock(&root, "t").unwrap();
-        assert!(matches!(lock(&root, "t"), Err(LockError::Held)));
+        // (The new directory may reuse the old one's inode: the old hold then stays until it
+        // drops.)
+        let new = lock(&root, "u").unwrap();
+        assert!(matches!(lock(&root, "u"), Err(LockError::Held)));
+        assert!(root.join(LOCK_FILE).exists());
         drop((old, new));
+        lock(&root, "t").unwrap();
+    }
+
+    /// The lock file removed under held tenants: the next lock takes them again in the new
+    /// file, so another process sees them held; the file is the owner's alone.
+    #[test]
+    fn a_replaced_lock_file_gets_the_held_tenants_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = lock(dir.path(), "t").unwrap();
+        let path = dir.path().join(LOCK_FILE);
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        std::fs::remove_file(&path).unwrap();
+        let other = lock(dir.path(), "u").unwrap();
+        assert_eq!(python_probe(&path, "t"), "held");
+        assert_eq!(python_probe(&path, "u"), "held");
+        drop(held);
+        assert_eq!(python_probe(&path, "t"), "free");
+        drop(other);
+    }
+
+    /// A tenant an older build holds by its flock is not taken.
+    #[test]
+    fn a_legacy_flock_holder_is_respected() {
+        let dir = tempfile::tempdir().unwrap();
+        let tdir = dir.path().join("tenants").join("t");
+        std::fs::create_dir_all(&tdir).unwrap();
+        let file = File::create(tdir.join("tenant.lock")).unwrap();
+        let flock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| e)
+            .unwrap();
+        assert!(matches!(lock(dir.path(), "t"), Err(LockError::Held)));
+        drop(flock);
+        lock(dir.path(), "t").unwrap();
+    }
+
+    /// "held" or "free": what another process finds at `name`'s offset of lock file `path`.
+    fn python_probe(path: &Path, name: &str) -> String {
+        let script = format!(
+            "import fcntl\n\
+             f = open({path:?}, 'r+')\n\
+             try:\n    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {offset}); print('free')\n\
+             except OSError:\n    print('held')\n",
+            path = path.to_str().unwrap(),
+            offset = offset_of(name),
+        );
+        let out = std::process::Command::new("python3")
+            .args(["-c", &script])
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
     }
 }

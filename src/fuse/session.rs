@@ -137,7 +137,11 @@ impl Session {
                     end();
                     r
                 })
-                .map_err(mount_err)?;
+                .map_err(|e| {
+                    // Nothing would answer the mount: take it away.
+                    let _ = nix::mount::umount2(mountpoint, nix::mount::MntFlags::MNT_DETACH);
+                    mount_err(e)
+                })?;
             Some(thread)
         };
         tracing::info!(tenant, path = %mountpoint.display(), "mounted");

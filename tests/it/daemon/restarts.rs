@@ -166,13 +166,14 @@ fn kill9_during_synced_writes_then_restart_100_rounds() {
 /// close the shared descriptor. Returns the locker's pid.
 pub(super) fn hold_tenant_lock(h: &Host, t: &str, fork_and_exit: bool, secs: f64) -> u32 {
     let lock = h.data.join(tenantfs::tenant_lock::LOCK_FILE);
-    // clone(CLONE_FILES | SIGCHLD) with no stack of its own: fork, sharing the descriptors.
+    // clone(CLONE_FILES | SIGCHLD) with no stack of its own (56 on x86_64, 220 on aarch64):
+    // fork, sharing the descriptors.
     let script = format!(
-        "import ctypes, fcntl, os, sys, time\n\
+        "import ctypes, fcntl, os, platform, sys, time\n\
          f = open({lock:?}, 'a'); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, {offset})\n\
          print(os.getpid(), flush=True)\n\
          if {fork}:\n    libc = ctypes.CDLL(None, use_errno=True)\n\
-         \x20   if libc.syscall(56, 0x400 | 17, 0, 0, 0, 0) == 0:\n        time.sleep({secs})\n\
+         \x20   if libc.syscall({{'x86_64': 56, 'aarch64': 220}}[platform.machine()], 0x400 | 17, 0, 0, 0, 0) == 0:\n        time.sleep({secs})\n\
          else:\n    time.sleep({secs})\n\
          os._exit(0)\n",
         lock = lock.to_str().unwrap(),
