@@ -46,6 +46,12 @@ pub fn answer_or_eio(
     }
 }
 
+/// A data request this large keeps its thread on the CPU for long (a MiB is encrypted and
+/// hashed, or copied, in about a millisecond here): over the host's ring its thread gives up
+/// its lead first, as a request that waits does, so the other tenants' requests on that CPU
+/// are not answered only after it (BENCHMARKS.md, "A quiet tenant beside a loud one").
+pub const LONG_REQUEST_BYTES: u64 = 256 << 10;
+
 /// The bytes a data request counts against its tenant's I/O limits (what its operation
 /// admits: `Operations::read`, `write`, `copy_range`); `None` for other requests.
 pub fn limited_bytes(h: &InHeader, op_in: &[u8]) -> Option<u64> {
@@ -201,6 +207,11 @@ pub fn answer(
         }
         opcode::WRITE => {
             let (offset, size) = (f.u64(8).ok_or_else(bad)?, f.u32(16).ok_or_else(bad)?);
+            if u64::from(size) >= LONG_REQUEST_BYTES {
+                // Tests: `FAILPOINTS=fuse-long-write=delay(MS)`, a large write that keeps its
+                // thread busy on the CPU that long (not asleep: the ring's watch leaves it).
+                fail::fail_point!("fuse-long-write");
+            }
             let bytes = input.get(..size as usize).ok_or_else(bad)?;
             let write_flags = f.u32(20).ok_or_else(bad)?;
             let caller = RequestCaller::unprivileged(h.pid, h.gid);

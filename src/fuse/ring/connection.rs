@@ -349,7 +349,12 @@ impl Connection {
             Some(_) if self.device_ended.load(Ordering::Acquire) => (-libc::ENOTCONN, 0),
             Some(bytes) => match self.pay(i, e, &h, bytes) {
                 Some(timeout) => return timeout,
-                None => io_limits::with_paid_ahead(|| self.dispatch(reactor, e, &h, in_len, work)),
+                None => {
+                    if bytes >= dispatch::LONG_REQUEST_BYTES {
+                        crate::serving::will_wait();
+                    }
+                    io_limits::with_paid_ahead(|| self.dispatch(reactor, e, &h, in_len, work))
+                }
             },
             None => self.dispatch(reactor, e, &h, in_len, work),
         };

@@ -89,6 +89,34 @@ fn a_stalled_request_holds_no_other_tenants_requests() {
     d.terminate_cleanly(&[&ma, &h.dir("b")]);
 }
 
+/// A large write that keeps its thread busy on the CPU for 3 s (a failpoint: encrypting and
+/// hashing a MiB takes about a millisecond, the failpoint stretches it) gives up its lead
+/// before it starts: another tenant's requests from the same CPU are answered meanwhile,
+/// sharing the CPU, not after it. (The watch takes the lead only from a thread asleep.)
+#[test]
+fn a_long_request_holds_no_other_tenants_requests() {
+    let (h, mut d, ma, mb) = two_ring_mounts(
+        "crewlong",
+        &[("FAILPOINTS", "fuse-long-write=delay(3000)")],
+        "transport=uring",
+    );
+    let big = ma.join("big");
+    let written = on_cpu0(move || {
+        std::fs::write(&big, vec![7u8; 1 << 20]).unwrap();
+        Instant::now()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let took = on_cpu0(move || busy_rounds(mb)).join().unwrap();
+    let done = Instant::now();
+    let write_ended = written.join().unwrap();
+    assert!(
+        done < write_ended,
+        "the other tenant's 100 rounds ({took:?}) ended only after the long write"
+    );
+    assert_eq!(std::fs::read(ma.join("big")).unwrap(), vec![7u8; 1 << 20]);
+    d.terminate_cleanly(&[&ma, &h.dir("b")]);
+}
+
 /// A tenant limited to 2 requests a second reads from 4 threads on CPU 0, so its requests
 /// wait on their limit (which they announce): another tenant's requests from CPU 0 are
 /// answered meanwhile at full speed.
