@@ -46,11 +46,18 @@ pub fn answer_or_eio(
     }
 }
 
-/// A data request this large keeps its thread on the CPU for long (a MiB is encrypted and
-/// hashed, or copied, in about a millisecond here): over the host's ring its thread gives up
-/// its lead first, as a request that waits does, so the other tenants' requests on that CPU
-/// are not answered only after it (BENCHMARKS.md, "A quiet tenant beside a loud one").
+/// A write (or copy) this large keeps its thread on the CPU for long (a MiB is encrypted and
+/// hashed in about a millisecond here): over the host's ring its thread gives up its lead
+/// first, as a request that waits does, so the other tenants' requests on that CPU are not
+/// answered only after it (BENCHMARKS.md, "A quiet tenant beside a loud one"). Not reads: a
+/// cached MiB is copied in a tenth of that (BENCHMARKS.md, "A stream beside a cached set").
 pub const LONG_REQUEST_BYTES: u64 = 256 << 10;
+
+/// Whether request `h` is a write or copy of at least [`LONG_REQUEST_BYTES`] (`bytes`, what
+/// [`limited_bytes`] gave).
+pub fn is_long(h: &InHeader, bytes: u64) -> bool {
+    matches!(h.opcode, opcode::WRITE | opcode::COPY_FILE_RANGE) && bytes >= LONG_REQUEST_BYTES
+}
 
 /// The bytes a data request counts against its tenant's I/O limits (what its operation
 /// admits: `Operations::read`, `write`, `copy_range`); `None` for other requests.

@@ -350,7 +350,7 @@ impl Connection {
             Some(bytes) => match self.pay(i, e, &h, bytes) {
                 Some(timeout) => return timeout,
                 None => {
-                    if bytes >= dispatch::LONG_REQUEST_BYTES {
+                    if dispatch::is_long(&h, bytes) {
                         crate::serving::will_wait();
                     }
                     io_limits::with_paid_ahead(|| self.dispatch(reactor, e, &h, in_len, work))

@@ -101,6 +101,7 @@ fn a_long_request_holds_no_other_tenants_requests() {
         "transport=uring",
     );
     let big = ma.join("big");
+    let start = Instant::now();
     let written = on_cpu0(move || {
         std::fs::write(&big, vec![7u8; 1 << 20]).unwrap();
         Instant::now()
@@ -109,6 +110,10 @@ fn a_long_request_holds_no_other_tenants_requests() {
     let took = on_cpu0(move || busy_rounds(mb)).join().unwrap();
     let done = Instant::now();
     let write_ended = written.join().unwrap();
+    assert!(
+        write_ended - start >= Duration::from_millis(2900),
+        "the failpoint did not keep the write busy"
+    );
     assert!(
         done < write_ended,
         "the other tenant's 100 rounds ({took:?}) ended only after the long write"
