@@ -31,6 +31,29 @@ fn busy_rounds(dir: std::path::PathBuf) -> Duration {
     start.elapsed()
 }
 
+/// Runs `stall` (a request that holds its thread for seconds) on CPU 0 and, 300 ms into it,
+/// 100 rounds of small requests on tenant dir `other` from CPU 0; asserts the rounds ended
+/// before the stall did. How long the rounds took, and the stall.
+fn rounds_during(
+    other: std::path::PathBuf,
+    stall: impl FnOnce() + Send + 'static,
+) -> (Duration, Duration) {
+    let start = Instant::now();
+    let stalled = on_cpu0(move || {
+        stall();
+        Instant::now()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let took = on_cpu0(move || busy_rounds(other)).join().unwrap();
+    let done = Instant::now();
+    let stall_ended = stalled.join().unwrap();
+    assert!(
+        done < stall_ended,
+        "the other tenant's 100 rounds ({took:?}) ended only after the stall"
+    );
+    (took, stall_ended - start)
+}
+
 /// Tenant `a` and `b` mounted over the ring through a daemon started with `env`.
 fn two_ring_mounts(
     name: &str,
@@ -65,18 +88,9 @@ fn a_stalled_request_holds_no_other_tenants_requests() {
     );
     let pid = d.0.id();
     let fifo = ma.join("fifo");
-    let stalled = on_cpu0(move || {
+    let (took, _) = rounds_during(mb, move || {
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
-        Instant::now()
     });
-    std::thread::sleep(Duration::from_millis(300));
-    let took = on_cpu0(move || busy_rounds(mb)).join().unwrap();
-    let done = Instant::now();
-    let stall_ended = stalled.join().unwrap();
-    assert!(
-        done < stall_ended,
-        "the other tenant's 100 rounds ({took:?}) ended only after the stall"
-    );
     assert!(
         took < Duration::from_millis(2000),
         "100 rounds took {took:?}"
@@ -101,22 +115,12 @@ fn a_long_request_holds_no_other_tenants_requests() {
         "transport=uring",
     );
     let big = ma.join("big");
-    let start = Instant::now();
-    let written = on_cpu0(move || {
+    let (_, write_took) = rounds_during(mb, move || {
         std::fs::write(&big, vec![7u8; 1 << 20]).unwrap();
-        Instant::now()
     });
-    std::thread::sleep(Duration::from_millis(300));
-    let took = on_cpu0(move || busy_rounds(mb)).join().unwrap();
-    let done = Instant::now();
-    let write_ended = written.join().unwrap();
     assert!(
-        write_ended - start >= Duration::from_millis(2900),
-        "the failpoint did not keep the write busy"
-    );
-    assert!(
-        done < write_ended,
-        "the other tenant's 100 rounds ({took:?}) ended only after the long write"
+        write_took >= Duration::from_millis(2900),
+        "the failpoint did not keep the write busy ({write_took:?})"
     );
     assert_eq!(std::fs::read(ma.join("big")).unwrap(), vec![7u8; 1 << 20]);
     d.terminate_cleanly(&[&ma, &h.dir("b")]);
