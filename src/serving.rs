@@ -4,7 +4,7 @@
 //! CPU takes the requests of all of them, `fuse::ring`). A request that waits (on the disk, an
 //! fsync, its tenant's I/O limit or its turn in the fair queue) would hold every other
 //! tenant's requests on that CPU behind it. So the places that wait say so first
-//! ([`will_wait`]), as does a write large enough to keep the CPU for long
+//! ([`will_wait`]), as does a write or copy large enough to keep the CPU for long
 //! (`fuse::dispatch::LONG_REQUEST_BYTES`), and the thread gives its lead to another before it
 //! blocks: the other tenants' requests go on while this one waits, and a request that never
 //! waits (a cached read, a lookup) costs no thread switch at all.

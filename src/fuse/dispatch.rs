@@ -50,7 +50,8 @@ pub fn answer_or_eio(
 /// hashed in about a millisecond here): over the host's ring its thread gives up its lead
 /// first, as a request that waits does, so the other tenants' requests on that CPU are not
 /// answered only after it (BENCHMARKS.md, "A quiet tenant beside a loud one"). Not reads: a
-/// cached MiB is copied in a tenth of that (BENCHMARKS.md, "A stream beside a cached set").
+/// cached MiB is a copy, without encryption; a quiet tenant beside a stream of 1 MiB reads did
+/// no better when reads gave up the lead (BENCHMARKS.md, "A stream beside a cached set").
 pub const LONG_REQUEST_BYTES: u64 = 256 << 10;
 
 /// Whether request `h` is a write or copy of at least [`LONG_REQUEST_BYTES`] (`bytes`, what

@@ -7,9 +7,9 @@
 //! How: the leader waits on the io_uring, takes each completion (a request in an entry, the
 //! device being readable) and answers it itself, so a request that never waits costs no
 //! thread switch, as with a thread per queue. A request that is about to wait (the disk, an
-//! fsync, its tenant's limit or turn; see [`crate::serving`]), and a large write, makes its
-//! thread give the lead to a waiting follower (a new one is started up to [`MAX_CREW`]), so
-//! the other tenants' requests on this CPU go on. A request that waits without saying so is
+//! fsync, its tenant's limit or turn; see [`crate::serving`]), and a large write or copy,
+//! makes its thread give the lead to a waiting follower (a new one is started up to
+//! [`MAX_CREW`]), so the other tenants' requests on this CPU go on. A request that waits without saying so is
 //! caught by the [`watch`]: a leader that has been on one request for over [`STUCK`] and
 //! sleeps loses the lead the same way (one that is only preempted keeps it: the CPU is busy
 //! anyway). Followers never end (io_uring would cancel the commands they submitted).
