@@ -23,8 +23,10 @@ impl Cgroup {
             .map(|s| s.split_whitespace().any(|c| c == "memory"))
             .unwrap_or(false);
         let (version, dir) = if v2 {
-            // The memory controller must be enabled for the root's children.
+            // The memory controller must be enabled for the root's children, and the io
+            // controller (where the kernel has it) for the cgroup's io.stat and io.max.
             let _ = fs::write(v2_root.join("cgroup.subtree_control"), "+memory");
+            let _ = fs::write(v2_root.join("cgroup.subtree_control"), "+io");
             (CgVersion::V2, v2_root.join(&name))
         } else {
             let v1 = Path::new("/sys/fs/cgroup/memory");
@@ -45,6 +47,37 @@ impl Cgroup {
             }
         }
         cg
+    }
+
+    /// Limits the cgroup's I/O on the disk that holds `path` (cgroup v2's `io.max`, for
+    /// example `riops=2000 wbps=50000000`), and says what it wrote.
+    pub(super) fn limit_io(&self, path: &Path, limit: &str) -> String {
+        assert!(
+            self.version == CgVersion::V2,
+            "IO_MAX needs cgroup v2 (io.max); this host mounts v1"
+        );
+        assert!(
+            self.dir.join("io.max").exists(),
+            "the kernel has no io.max (the io controller is not available)"
+        );
+        let dev = nix::sys::stat::stat(path)
+            .unwrap_or_else(|e| panic!("stat {}: {e}", path.display()))
+            .st_dev;
+        let line = format!(
+            "{}:{} {limit}",
+            nix::sys::stat::major(dev),
+            nix::sys::stat::minor(dev)
+        );
+        self.write("io.max", &line);
+        line
+    }
+
+    /// Read requests the cgroup has sent to disks (cgroup v2's `io.stat`; 0 on v1).
+    pub(super) fn disk_reads(&self) -> u64 {
+        self.read("io.stat")
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix("rios=")?.parse::<u64>().ok())
+            .sum()
     }
 
     pub(super) fn write(&self, file: &str, value: &str) {

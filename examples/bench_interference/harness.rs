@@ -272,31 +272,14 @@ impl Harness {
 
     /// The control for the daemon: a process on the daemon's CPU, in the cgroup, as busy as
     /// the daemon's CPU was under the load generator (`busy_pct`) and holding as much memory
-    /// as the daemon did (`bytes`, every page touched), copying within it (memcpy, 1 MiB at a
-    /// time, in 10 ms periods busy for `busy_pct` of each), and doing no I/O.
+    /// as the daemon did (`bytes`): this program's own `memcpy` mode ([`memcpy_control`]).
     pub(super) fn start_memcpy_neighbour(&mut self, bytes: u64, busy_pct: f64) {
-        const SCRIPT: &str = r#"
-import sys, time
-size, busy = max(int(sys.argv[1]), 4 << 20), min(float(sys.argv[2]), 100.0) / 100
-buf = bytearray(size)
-for i in range(0, size, 4096):
-    buf[i] = 1
-mv, half, chunk, period, off = memoryview(buf), size // 2, 1 << 20, 0.01, 0
-while True:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < period * busy:
-        a = off % (half - chunk)
-        mv[half + a:half + a + chunk] = mv[a:a + chunk]
-        off += chunk
-    rest = period - (time.monotonic() - t0)
-    if rest > 0:
-        time.sleep(rest)
-"#;
+        let me = std::env::current_exe().expect("current_exe");
         let child = in_cgroup(
             &self.cg,
             DAEMON_CPU,
-            Path::new("python3"),
-            &["-c", SCRIPT, &bytes.to_string(), &format!("{busy_pct:.1}")],
+            &me,
+            &["memcpy", &bytes.to_string(), &format!("{busy_pct:.1}")],
         )
         .stdin(Stdio::null())
         .spawn()

@@ -26,15 +26,22 @@
 //! neighbour run measures that floor, and the drop beyond it is what tenantfs's memory and
 //! I/O cost the tenant.
 //!
+//! With IO_MAX (cgroup v2 only, for example `riops=2000`), the cgroup's `io.max` on the disk
+//! of the work dir is set to it: the daemon's disk I/O, which the fio tenant's page-cache hits
+//! do not do, is what it limits. Each run reports the cgroup's disk reads (v2's `io.stat`).
+//!
 //! usage: cargo build --release --bins --examples
-//!        cargo run --release --example bench_interference [-- SECONDS REPEATS]
-//! Needs root, fio, taskset, fincore, /dev/fuse and a memory cgroup (v1 or v2).
+//!        cargo run --release --example bench_interference [-- SECONDS REPEATS [IO_MAX]]
+//!        cargo run --release --example bench_interference -- vm [SECONDS REPEATS [IO_MAX]]
+//! The first needs root, fio, taskset, fincore, /dev/fuse and a memory cgroup (v1 or v2); the
+//! second runs the first under cgroup v2 in the VM harness (`vm.rs`), which `make test` sets up.
 
 mod cgroup;
 #[path = "../common/mod.rs"]
 mod common;
 mod harness;
 mod procs;
+mod vm;
 
 use cgroup::*;
 use common::{median, tenantfs_bin};
@@ -98,6 +105,8 @@ struct Row {
     ws_end: u64,
     loadgen_iops: f64,
     cache: String,
+    /// Disk reads the cgroup sent during the fio tenant's run (v2 only).
+    disk_reads: u64,
 }
 
 fn write_ws(path: &Path, mib: u64) {
@@ -130,7 +139,19 @@ fn dir_bytes(dir: &Path) -> u64 {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("memcpy") {
+        let arg = |i: usize, what: &str| -> f64 {
+            args.get(i).and_then(|a| a.parse().ok()).unwrap_or_else(|| {
+                panic!("usage: bench_interference memcpy BYTES BUSY_PCT ({what})")
+            })
+        };
+        memcpy_control(arg(1, "BYTES") as u64, arg(2, "BUSY_PCT"));
+    }
+    let in_vm = args.first().map(String::as_str) == Some("vm");
+    if in_vm {
+        args.remove(0);
+    }
     let secs: u64 = args
         .first()
         .map(|s| s.parse().expect("SECONDS"))
@@ -139,6 +160,11 @@ fn main() {
         .get(1)
         .map(|s| s.parse().expect("REPEATS"))
         .unwrap_or(5);
+    let io_max = args.get(2).map(String::as_str);
+    if in_vm {
+        vm::run(secs, reps, io_max);
+        return;
+    }
     assert!(nix::unistd::geteuid().is_root(), "needs root");
     for tool in ["fio", "taskset", "fincore", "dd", "du"] {
         assert!(
@@ -174,6 +200,9 @@ fn main() {
         _tmp: tmp,
     };
     fs::create_dir(&h.mp).unwrap();
+    if let Some(limit) = io_max {
+        println!("io.max: {}", h.cg.limit_io(&work, limit));
+    }
     println!(
         "work dir {} · cgroup {:?} {} limit {} MiB · fio tenant ws {} MiB on CPU {} · tenant data \
          {} MiB, daemon cache {} + load generator on CPU {} · {} s per run (+{} s ramp), {} repeats",
@@ -300,6 +329,7 @@ fn main() {
             h.cg.reset_peak();
             let ws_warm = h.warm_ws();
             let hits_before = h.cg.sample().limit_hits;
+            let reads_before = h.cg.disk_reads();
             let lg_out = work.join(format!("loadgen-{rep}-{kind:?}.json"));
             if mode.is_some() {
                 h.start_loadgen(RAMP_SECS + secs + 2, &lg_out);
@@ -316,6 +346,7 @@ fn main() {
             let tenant = h.fio_tenant(secs, &work.join(format!("tenant-{rep}-{kind:?}.json")));
             let (_, steal_pct) = c0.pct_until(CpuTimes::now(TENANT_CPU));
             let (other_cpu_busy_pct, _) = c1.pct_until(CpuTimes::now(DAEMON_CPU));
+            let disk_reads = h.cg.disk_reads() - reads_before;
             h.stop_cpu_neighbour();
             let mut mem = h.cg.sample();
             mem.limit_hits -= hits_before.min(mem.limit_hits);
@@ -340,7 +371,7 @@ fn main() {
                 "  fio tenant {:.0} IOPS, p50 {:.1} us, p99 {:.1} us, cpu {:.0}% (steal {:.1}%), \
                  CPU {DAEMON_CPU} busy {:.0}%; ws resident {} -> {} MiB; \
                  cgroup usage {} MiB (peak {}), cache {} MiB, rss {} MiB, limit hits {}; \
-                 load generator {:.0} IOPS; {}; {}",
+                 load generator {:.0} IOPS, cgroup disk reads {}; {}; {}",
                 tenant.iops,
                 tenant.p50_us,
                 tenant.p99_us,
@@ -355,6 +386,7 @@ fn main() {
                 mem.rss / MIB,
                 mem.limit_hits,
                 loadgen_iops,
+                disk_reads,
                 store_io,
                 cache
             );
@@ -370,6 +402,7 @@ fn main() {
                 ws_end,
                 loadgen_iops,
                 cache,
+                disk_reads,
             });
         }
     }
@@ -444,9 +477,9 @@ fn main() {
     println!();
     println!(
         "| run | fio tenant IOPS | IOPS drop vs baseline | drop vs CPU neighbour | drop vs memcpy \
-         control | p99 us | CPU {DAEMON_CPU} busy % | limit hits |"
+         control | p99 us | CPU {DAEMON_CPU} busy % | limit hits | cgroup disk reads |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for kind in [
         Kind::Baseline,
         Kind::CpuNeighbour,
@@ -458,7 +491,7 @@ fn main() {
         let med = |f: &dyn Fn(&Row) -> f64| median(of.iter().map(|r| f(r)).collect());
         let pct = |f: &dyn Fn(&Row) -> f64| format!("{:.1}%", med(f));
         println!(
-            "| {} | {:.0} | {} | {} | {} | {:.1} | {:.0} | {:.0} |",
+            "| {} | {:.0} | {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.0} |",
             kind.label(),
             med(&|r| r.tenant.iops),
             if kind == Kind::Baseline {
@@ -479,6 +512,7 @@ fn main() {
             med(&|r| r.tenant.p99_us),
             med(&|r| r.other_cpu_busy_pct),
             med(&|r| r.mem.limit_hits as f64),
+            med(&|r| r.disk_reads as f64),
         );
     }
     println!();

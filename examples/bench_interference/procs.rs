@@ -122,3 +122,31 @@ pub(super) fn fio_read_result(v: &Value) -> FioResult {
         p99_us: pct("99.000000"),
     }
 }
+
+/// The memcpy control's body (`bench_interference memcpy BYTES BUSY_PCT`): holds `bytes`
+/// (every page touched) and copies 1 MiB at a time from one half to the other, busy for
+/// `busy_pct` of every 10 ms period, doing no I/O. Never returns; the harness kills it.
+pub(super) fn memcpy_control(bytes: u64, busy_pct: f64) -> ! {
+    const CHUNK: usize = 1 << 20;
+    let size = (bytes as usize).max(4 * CHUNK);
+    let busy = busy_pct.clamp(0.0, 100.0) / 100.0;
+    let period = Duration::from_millis(10);
+    let mut buf = vec![0u8; size];
+    for page in buf.chunks_mut(4096) {
+        page[0] = 1;
+    }
+    let half = size / 2;
+    let mut off = 0usize;
+    loop {
+        let t0 = Instant::now();
+        while t0.elapsed().as_secs_f64() < period.as_secs_f64() * busy {
+            let a = off % (half - CHUNK);
+            buf.copy_within(a..a + CHUNK, half + a);
+            std::hint::black_box(&mut buf);
+            off += CHUNK;
+        }
+        if let Some(rest) = period.checked_sub(t0.elapsed()) {
+            sleep(rest);
+        }
+    }
+}
