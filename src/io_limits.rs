@@ -8,9 +8,20 @@
 //! than a fraction of a second; a request larger than the byte bucket's burst takes its
 //! tokens in pieces. Bytes are counted in KiB (a request's size rounded up), so a limit of up
 //! to 4 TiB/s fits the bucket's 32-bit counts.
+//!
+//! A byte limit also covers the disk work done for the tenant in the background (its store's
+//! flushes and compactions, blob and extent collection, folds, read-ahead: [`Background`]).
+//! That work is never held: it runs on threads all tenants share, and holding one for a
+//! limited tenant would hold the others' work behind it. It is charged instead, as it is
+//! done, to a debt clock that runs ahead of now by the time the limit gives those bytes, and
+//! the tenant's next requests wait until the clock is back. Over any run longer than the
+//! background work's own pieces, the tenant's request bytes and its background bytes together
+//! stay within the limit. The clock is at most [`MAX_DEBT`] ahead: what lies beyond that is
+//! forgiven, so that no request waits longer on background work.
 
 use std::num::{NonZeroU32, NonZeroU64};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, LazyLock, RwLock};
 use std::time::{Duration, Instant};
 
 use governor::clock::{Clock, DefaultClock};
@@ -37,11 +48,62 @@ impl IoLimits {
     }
 }
 
+/// The most a tenant's background work puts its debt clock ahead of now.
+pub const MAX_DEBT: Duration = Duration::from_secs(10);
+
+/// Debts smaller than this are not waited for (the byte bucket's burst is as long).
+const DEBT_GRACE: Duration = Duration::from_millis(20);
+
 /// The buckets of one tenant's limits.
 pub struct Throttle {
     requests: Option<Bucket>,
     kib: Option<Bucket>,
+    /// With a byte limit: its debt clock (see the module's doc).
+    debt: Option<DebtClock>,
     clock: DefaultClock,
+}
+
+/// The time the limit gives the background bytes charged to a tenant, as a clock that runs
+/// ahead of now: nanoseconds from [`EPOCH`] at which the tenant has paid for them.
+struct DebtClock {
+    bytes_per_second: u64,
+    paid_until_ns: AtomicI64,
+}
+
+/// Where debt clocks count from (a time before it counts as negative).
+static EPOCH: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+fn since_epoch(t: Instant) -> i64 {
+    match t.checked_duration_since(*EPOCH) {
+        Some(after) => after.as_nanos() as i64,
+        None => -(EPOCH.duration_since(t).as_nanos() as i64),
+    }
+}
+
+impl DebtClock {
+    /// Charges `bytes` of background work that began at `started`: the clock moves on from
+    /// then (or from where it stood, if later) by their time at the limit, at most
+    /// [`MAX_DEBT`] ahead of now.
+    fn charge(&self, bytes: u64, started: Instant) {
+        let cost = (u128::from(bytes) * 1_000_000_000 / u128::from(self.bytes_per_second))
+            .min(i64::MAX as u128) as i64;
+        let now = since_epoch(Instant::now());
+        let started = since_epoch(started).min(now);
+        let cap = now.saturating_add(MAX_DEBT.as_nanos() as i64);
+        let _ = self
+            .paid_until_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |until| {
+                Some(until.max(started).saturating_add(cost).min(cap))
+            });
+    }
+
+    /// How long until the debt is paid, if a request must wait for it.
+    fn wait(&self) -> Option<Duration> {
+        let until = self.paid_until_ns.load(Ordering::Relaxed);
+        let ahead =
+            Duration::from_nanos(until.saturating_sub(since_epoch(Instant::now())).max(0) as u64);
+        (ahead > DEBT_GRACE).then(|| ahead - DEBT_GRACE)
+    }
 }
 
 /// One token bucket and the most tokens one check may take.
@@ -73,17 +135,35 @@ impl Throttle {
             let per_second = NonZeroU32::new(per_second).unwrap_or(NonZeroU32::MIN);
             bucket(per_second, per_second.get() / 50)
         });
+        let debt = limits.bandwidth.map(|bytes| DebtClock {
+            bytes_per_second: bytes.get(),
+            paid_until_ns: AtomicI64::new(i64::MIN),
+        });
         Some(Self {
             requests,
             kib,
+            debt,
             clock: DefaultClock::default(),
         })
+    }
+
+    /// Charges `bytes` of disk work done for the tenant in the background since `started`
+    /// to the byte limit (nothing without one).
+    pub fn charge_background(&self, bytes: u64, started: Instant) {
+        if let Some(d) = &self.debt {
+            d.charge(bytes, started);
+        }
     }
 
     /// Waits until a data request of `bytes` may be answered (one moving no bytes, as a
     /// discard, takes only a request's token); how long it slept.
     pub fn wait(&self, bytes: u64) -> Duration {
         let mut slept = Duration::ZERO;
+        while let Some(wait) = self.debt.as_ref().and_then(DebtClock::wait) {
+            crate::serving::will_wait();
+            std::thread::sleep(wait);
+            slept += wait;
+        }
         if let Some(b) = &self.requests {
             slept += self.take(b, 1);
         }
@@ -129,6 +209,9 @@ impl Throttle {
     /// going on from `paid` (what earlier calls for the same request took): `None` once all
     /// are taken, else how long until the next piece is there.
     pub fn try_pay(&self, bytes: u64, paid: &mut Paid) -> Option<Duration> {
+        if let Some(wait) = self.debt.as_ref().and_then(DebtClock::wait) {
+            return Some(wait);
+        }
         if let (Some(b), false) = (&self.requests, paid.request) {
             if let Err(wait) = self.take_piece(b, 1) {
                 return Some(wait);
@@ -146,6 +229,19 @@ impl Throttle {
         }
         None
     }
+}
+
+/// What a store reports its background work to (`store::BackgroundSink`) for a tenant served
+/// within `limits`: counted in `metrics` and charged to the limits.
+pub fn background_sink(
+    limits: &Arc<LiveLimits>,
+    metrics: &Arc<MountMetrics>,
+) -> Arc<dyn Fn(u64, Instant) + Send + Sync> {
+    let (limits, metrics) = (Arc::clone(limits), Arc::clone(metrics));
+    Arc::new(move |bytes, started| {
+        metrics.add_background_bytes(bytes);
+        limits.charge_background(bytes, started);
+    })
 }
 
 /// What a request waiting without a thread has taken of its tokens so far (see
@@ -201,6 +297,15 @@ impl LiveLimits {
 
     pub fn get(&self) -> IoLimits {
         self.state.read().unwrap_or_else(|p| p.into_inner()).0
+    }
+
+    /// Charges `bytes` of disk work done for the tenant in the background since `started` to
+    /// the byte limit in force (see the module's doc).
+    pub fn charge_background(&self, bytes: u64, started: Instant) {
+        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = &state.1 {
+            t.charge_background(bytes, started);
+        }
     }
 
     /// Takes the tokens of a data request of `bytes` that are there, going on from `paid`,
@@ -281,6 +386,56 @@ mod tests {
         with_paid_ahead(|| drop(limits.admit(4096, &metrics)));
         assert!(start.elapsed() < Duration::from_millis(500));
         assert!(limits.pay_ahead(4096, &mut Paid::default()).is_some());
+    }
+
+    /// Background bytes put the debt clock ahead by their time at the limit, from when their
+    /// work began: work done while the tenant was idle long enough costs it nothing; a debt
+    /// holds the next request (with or without a thread); the clock is at most `MAX_DEBT` ahead.
+    #[test]
+    fn background_work_is_paid_by_the_next_requests() {
+        let limits = IoLimits {
+            bandwidth: NonZeroU64::new(1 << 20),
+            ..IoLimits::default()
+        };
+        let t = Throttle::new(limits).unwrap();
+        // 1 MiB of work that began 2 s ago fits in the 2 s the tenant left unused.
+        t.charge_background(1 << 20, Instant::now() - Duration::from_secs(2));
+        assert_eq!(t.try_pay(4096, &mut Paid::default()), None);
+        // 256 KiB of work beginning now: a quarter of a second.
+        t.charge_background(256 << 10, Instant::now());
+        let wait = t.try_pay(4096, &mut Paid::default()).expect("a debt");
+        assert!(
+            wait > Duration::from_millis(150) && wait <= Duration::from_millis(250),
+            "{wait:?}"
+        );
+        let start = Instant::now();
+        t.wait(4096);
+        assert!(
+            start.elapsed() >= Duration::from_millis(200),
+            "{:?}",
+            start.elapsed()
+        );
+        // 1 GiB would be 1,024 s: the clock stops at MAX_DEBT.
+        t.charge_background(1 << 30, Instant::now());
+        let wait = t.try_pay(4096, &mut Paid::default()).expect("a debt");
+        assert!(
+            wait > MAX_DEBT - Duration::from_secs(1) && wait <= MAX_DEBT,
+            "{wait:?}"
+        );
+        // Without a byte limit, background work is counted, not charged.
+        let live = Arc::new(LiveLimits::default());
+        live.set(IoLimits {
+            iops: NonZeroU32::new(1000),
+            ..IoLimits::default()
+        });
+        let metrics = MountMetrics::new();
+        let sink = background_sink(&live, &metrics);
+        sink(1 << 30, Instant::now());
+        assert_eq!(metrics.summary().background_bytes, 1 << 30);
+        assert_eq!(live.pay_ahead(4096, &mut Paid::default()), None);
+        live.set(limits);
+        sink(1 << 20, Instant::now());
+        assert!(live.pay_ahead(4096, &mut Paid::default()).is_some());
     }
 
     #[test]

@@ -110,6 +110,10 @@ pub struct MountActivity {
     /// The time those requests waited on the tenant's I/O limits (not in `busy_us`).
     #[serde(default)]
     pub throttled_us: u64,
+    /// Bytes the tenant's store moved to and from the disk in the background (flushes,
+    /// compactions, blob and extent collection, folds), charged to its byte limit.
+    #[serde(default)]
+    pub background_bytes: u64,
     /// Threads reading /dev/fuse for the mount now (they start on demand from one), and the
     /// most there were at once.
     #[serde(default)]
@@ -132,6 +136,7 @@ pub struct MountMetrics {
     /// Time answering requests, waits on the I/O limits included (reported without them).
     busy_ns: AtomicU64,
     throttled_ns: AtomicU64,
+    background_bytes: AtomicU64,
     fuse_workers: AtomicU64,
     fuse_workers_peak: AtomicU64,
 }
@@ -164,6 +169,11 @@ impl MountMetrics {
 
     pub fn add_written_bytes(&self, n: u64) {
         self.written_bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The tenant's store moved `n` bytes in the background.
+    pub fn add_background_bytes(&self, n: u64) {
+        self.background_bytes.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn add_ring_request(&self) {
@@ -263,6 +273,7 @@ impl MountMetrics {
             requests: self.requests.load(Ordering::Relaxed),
             busy_us: self.busy_ns() / 1000,
             throttled_us: self.throttled_ns.load(Ordering::Relaxed) / 1000,
+            background_bytes: self.background_bytes.load(Ordering::Relaxed),
             fuse_workers: self.fuse_workers.load(Ordering::Relaxed),
             fuse_workers_peak: self.fuse_workers_peak.load(Ordering::Relaxed),
         }
@@ -376,6 +387,17 @@ pub fn encode_mounts(
             MetricType::Counter,
         ),
         |m| load(&m.written_bytes),
+    )?;
+    encode_mount_value(
+        encoder,
+        mounts,
+        (
+            "tenantfs_background_bytes",
+            "Bytes the tenant's store moved to and from the disk in the background (flushes, \
+             compactions, blob and extent collection, folds), charged to its byte limit.",
+            MetricType::Counter,
+        ),
+        |m| load(&m.background_bytes),
     )?;
     encode_mount_value(
         encoder,
@@ -666,6 +688,7 @@ mod tests {
         m.record(Op::Read, t, true);
         m.record(Op::Read, t, false);
         m.add_read_bytes(4096);
+        m.add_background_bytes(65536);
         m.set_fuse_workers(3);
         m.set_fuse_workers(1);
         // Two requests answered, one of them after 2 ms of work.
@@ -694,6 +717,7 @@ mod tests {
             "tenantfs_op_latency_seconds_count{tenant=\"alice\",op=\"read\"} 2",
             "tenantfs_op_latency_seconds_bucket{le=\"+Inf\",tenant=\"alice\",op=\"read\"} 2",
             "tenantfs_read_bytes_total{tenant=\"alice\"} 4096",
+            "tenantfs_background_bytes_total{tenant=\"alice\"} 65536",
             // A label value is escaped as the text format asks.
             "tenantfs_read_bytes_total{tenant=\"we\\\"ird\\\\name\\n\"} 0",
             "# TYPE tenantfs_fuse_workers gauge",
@@ -718,6 +742,7 @@ mod tests {
         assert!(!s.ops.contains_key("write"));
         assert_eq!((s.fuse_workers, s.fuse_workers_peak), (1, 3));
         assert_eq!(s.requests, 2);
+        assert_eq!(s.background_bytes, 65536);
         assert!(s.busy_us >= 2_000, "{}", s.busy_us);
         assert!(
             s.busy_us < t.elapsed().as_micros() as u64 + 1,

@@ -44,7 +44,7 @@ pub struct BlockDevice {
     metrics: Arc<MountMetrics>,
     /// The volume's IOPS and bandwidth limits and weight: reads, writes and discards wait on
     /// them.
-    limits: LiveLimits,
+    limits: Arc<LiveLimits>,
 }
 
 impl BlockDevice {
@@ -85,12 +85,15 @@ impl BlockDevice {
                 source,
             })?;
         }
+        let (metrics, limits) = (MountMetrics::new(), Arc::new(LiveLimits::default()));
+        let sink = crate::io_limits::background_sink(&limits, &metrics);
+        volume.tenant().db().background().set_sink(sink);
         Ok(Self {
             ino: attr.ino,
             volume,
             size,
-            metrics: MountMetrics::new(),
-            limits: LiveLimits::default(),
+            metrics,
+            limits,
         })
     }
 

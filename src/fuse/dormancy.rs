@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use crate::quota::{Quota, Usage};
-use crate::store::{ExtentLineage, StoreState};
+use crate::store::{BackgroundSink, ExtentLineage, StoreState};
 use crate::volume::{StatFs, Volume, VolumeError};
 
 /// Opens the tenant's volume again ([`Opening::Woken`](crate::volume::Opening::Woken)), on
@@ -92,6 +92,8 @@ pub struct ServedVolume {
     failed_wake: Mutex<Option<WakeFailure>>,
     rests: AtomicU64,
     wakes: AtomicU64,
+    /// Where each store opened for the mount reports its background work.
+    background: std::sync::OnceLock<BackgroundSink>,
 }
 
 /// The open volume, held for one request (the store cannot close meanwhile).
@@ -142,6 +144,18 @@ impl ServedVolume {
             failed_wake: Mutex::new(None),
             rests: AtomicU64::new(0),
             wakes: AtomicU64::new(0),
+            background: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// From now on, the store reports its background work to `sink`, and so does each store
+    /// opened again after a rest (once; later calls are ignored).
+    pub(crate) fn set_background_sink(&self, sink: BackgroundSink) {
+        if self.background.set(sink.clone()).is_err() {
+            return;
+        }
+        if let State::Awake(v) = &*self.read() {
+            v.tenant().db().background().set_sink(sink);
         }
     }
 
@@ -220,6 +234,9 @@ impl ServedVolume {
             .db()
             .extent_files()
             .go_on_from(closed.extents);
+        if let Some(sink) = self.background.get() {
+            volume.tenant().db().background().set_sink(sink.clone());
+        }
         *state = State::Awake(Box::new(volume));
         // The next rest is a whole idle time away, whatever woke it (a forget, a quota).
         self.quiet.lock().unwrap_or_else(|p| p.into_inner()).1 = Instant::now();

@@ -95,7 +95,7 @@ pub(crate) struct Operations {
     /// The tenant's I/O limits on this mount and their buckets: reads, writes and copies
     /// wait on them. Changed while mounted (`set_limits`); a request takes the buckets that
     /// are current when it comes.
-    limits: LiveLimits,
+    limits: Arc<LiveLimits>,
     /// The kernel's capability removals not yet followed by their SETATTR (see `dispatch`).
     pub(crate) capability_removals: CapabilityRemovals,
 }
@@ -159,6 +159,8 @@ impl Operations {
         cache: CacheMode,
         metrics: Arc<MountMetrics>,
     ) -> Self {
+        let limits = Arc::new(LiveLimits::default());
+        volume.set_background_sink(crate::io_limits::background_sink(&limits, &metrics));
         Self {
             volume,
             cache,
@@ -168,7 +170,7 @@ impl Operations {
             next_fh: AtomicU64::new(1),
             metrics,
             notifier: KernelNotifier::default(),
-            limits: LiveLimits::default(),
+            limits,
             capability_removals: CapabilityRemovals::default(),
         }
     }

@@ -226,6 +226,19 @@ extern "C" fn tenantfs_store_flush_begins(health: *const c_void) {
     with_health(health, StoreHealth::flush_begins);
 }
 
+/// A flush or compaction moved `bytes` to or from the disk, in work that began `elapsed_us`
+/// ago.
+#[no_mangle]
+extern "C" fn tenantfs_store_background_io(health: *const c_void, bytes: u64, elapsed_us: u64) {
+    with_health(health, |h| {
+        let now = std::time::Instant::now();
+        let started = now
+            .checked_sub(std::time::Duration::from_micros(elapsed_us))
+            .unwrap_or(now);
+        h.background().report(bytes, started);
+    });
+}
+
 /// Whether a tenant waited on the disk lately (`foreground`): the store files' writer threads
 /// then write in small pieces.
 #[no_mangle]

@@ -7,6 +7,9 @@
 //! store), so tenantfs turns that off (in the shim's listener) and resumes the store itself
 //! once there is room ([`super::TenantDb::try_resume`]). Every change of state is logged once,
 //! and `tenantfs stats` shows the state of each mounted tenant.
+//!
+//! The listener that reports these holds the store's health, so the health also carries what
+//! the listener's other reports go to: the flush barrier and the background work's account.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -59,6 +62,8 @@ pub struct StoreHealth {
     /// What must be durable before any memtable is flushed (the extent files that the
     /// memtables' values name), run by the listener as each flush begins.
     flush_barrier: std::sync::OnceLock<FlushBarrier>,
+    /// Where the store's flushes and compactions are reported as background work.
+    background: super::background::BackgroundWork,
 }
 
 /// See [`StoreHealth::set_flush_barrier`].
@@ -92,7 +97,13 @@ impl StoreHealth {
                 last_attempt: None,
             }),
             flush_barrier: std::sync::OnceLock::new(),
+            background: Default::default(),
         }
+    }
+
+    /// Where the store's background work is reported.
+    pub(crate) fn background(&self) -> &super::background::BackgroundWork {
+        &self.background
     }
 
     /// Sets what runs before each memtable flush (once; later calls are ignored).

@@ -7,6 +7,7 @@
 //! (`direct_io`).
 
 mod activity;
+mod background;
 pub mod direct_io;
 mod extent_io;
 mod extent_span;
@@ -20,6 +21,7 @@ mod tenant_db;
 
 use std::path::{Path, PathBuf};
 
+pub use background::{BackgroundSink, BackgroundWork};
 pub(crate) use extent_io::ALIGN as EXTENT_ALIGN;
 pub use extent_span::{ExtentSpan, SpanCheck, SpanPart, PIECE};
 pub use extents::{ExtentFileStats, ExtentFiles, ExtentLineage};

@@ -34,9 +34,11 @@
 
 using ROCKSDB_NAMESPACE::BackgroundErrorReason;
 using ROCKSDB_NAMESPACE::BackgroundErrorRecoveryInfo;
+using ROCKSDB_NAMESPACE::BlobFileCreationInfo;
 using ROCKSDB_NAMESPACE::BlockAccessCipherStream;
 using ROCKSDB_NAMESPACE::Cache;
 using ROCKSDB_NAMESPACE::CacheWrapper;
+using ROCKSDB_NAMESPACE::CompactionJobInfo;
 using ROCKSDB_NAMESPACE::EncryptionProvider;
 using ROCKSDB_NAMESPACE::DB;
 using ROCKSDB_NAMESPACE::Env;
@@ -47,6 +49,7 @@ using ROCKSDB_NAMESPACE::LRUCacheOptions;
 using ROCKSDB_NAMESPACE::MemoryAllocator;
 using ROCKSDB_NAMESPACE::Slice;
 using ROCKSDB_NAMESPACE::Status;
+using ROCKSDB_NAMESPACE::TableFileCreationInfo;
 
 extern "C" {
 // Implemented in Rust (src/store/ffi.rs). Return 0 on success.
@@ -67,6 +70,7 @@ void tenantfs_store_stopped(const void* health, int no_space, const char* detail
                             size_t len);
 void tenantfs_store_resumed(const void* health);
 void tenantfs_store_flush_begins(const void* health);
+void tenantfs_store_background_io(const void* health, uint64_t bytes, uint64_t elapsed_us);
 void tenantfs_health_release(const void* health);
 }
 
@@ -290,6 +294,29 @@ class HealthListener final : public EventListener {
   // first (src/store/extents.rs), so no durable value names bytes that are not.
   void OnFlushBegin(DB*, const ROCKSDB_NAMESPACE::FlushJobInfo&) override {
     tenantfs_store_flush_begins(health_);
+  }
+
+  // The store's background work, reported as it moves bytes (the tenant is charged for it:
+  // src/store/background.rs): every table and blob file a flush or compaction writes, and
+  // what a compaction read.
+  void OnTableFileCreated(const TableFileCreationInfo& info) override {
+    if (info.status.ok()) {
+      tenantfs_store_background_io(health_, info.file_size, 0);
+    }
+  }
+
+  void OnBlobFileCreated(const BlobFileCreationInfo& info) override {
+    if (info.status.ok()) {
+      tenantfs_store_background_io(health_, info.total_blob_bytes, 0);
+    }
+  }
+
+  void OnCompactionCompleted(DB*, const CompactionJobInfo& info) override {
+    if (info.status.ok()) {
+      tenantfs_store_background_io(
+          health_, info.stats.total_input_bytes + info.stats.total_blob_bytes_read,
+          info.stats.elapsed_micros);
+    }
   }
 
   void OnErrorRecoveryBegin(BackgroundErrorReason, Status error,

@@ -590,6 +590,12 @@ impl TenantDb {
         Ok(())
     }
 
+    /// Where the disk work done for the tenant in the background is reported (its flushes
+    /// and compactions report there by themselves).
+    pub fn background(&self) -> &super::BackgroundWork {
+        self.health.background()
+    }
+
     /// Whether the store takes writes: writable, read-only for lack of space, or failed.
     pub fn state(&self) -> StoreState {
         self.health.state()

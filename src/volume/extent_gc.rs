@@ -82,7 +82,10 @@ pub(crate) fn collect_extent_files(
     }
     let mut done = ExtentCollection::default();
     if !sparse.is_empty() && sparse_garbage >= min_garbage {
+        let started = std::time::Instant::now();
         done.moved = move_chunks(tenant, locks, &chunks_in(db, &sparse)?)?;
+        // Each byte moved was read and written again.
+        db.background().report(2 * done.moved, started);
         live = live_bytes(db)?;
     }
     if files.unnamed_before(horizon, &live)? < min_garbage {
@@ -269,7 +272,18 @@ mod tests {
             assert!(before.bytes >= 3 * len as u64, "{before:?}");
             let none = collect(&vol, 64 << 20);
             assert_eq!(none, ExtentCollection::default(), "below the threshold");
+            let reported = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let to = std::sync::Arc::clone(&reported);
+            vol.tenant()
+                .db()
+                .background()
+                .set_sink(std::sync::Arc::new(move |bytes, _| {
+                    to.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+                }));
             let done = collect(&vol, 0);
+            // The moves, read and written, are the tenant's background work.
+            let reported = reported.load(std::sync::atomic::Ordering::Relaxed);
+            assert!(reported >= 2 * done.moved, "{reported} for {done:?}");
             // Every chunk of `keep` but those in the open file (the last 1-3 MiB written).
             assert!(
                 done.moved >= (len as u64) - (3 << 20) && done.moved <= len as u64,

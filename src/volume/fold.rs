@@ -174,12 +174,7 @@ impl Folds {
     pub(crate) fn fold_now(&self) {
         let mut keys: Vec<(u64, u64)> = self.shared.lock().due.drain().map(|(k, _)| k).collect();
         keys.sort_unstable();
-        self.shared.prefetch(&keys);
-        let folded = keys
-            .into_iter()
-            .filter(|&(ino, first)| self.shared.fold(ino, first))
-            .count();
-        self.shared.lock().folded += folded as u64;
+        self.shared.fold_pass(&keys);
     }
 
     /// Sets how long a file and a chunk must go unwritten before a fold (tests: zero folds as
@@ -280,13 +275,26 @@ impl Shared {
                         .0;
                 }
             };
-            self.prefetch(&ready);
-            let mut folded = 0;
-            for (ino, first) in ready {
-                folded += u64::from(self.fold(ino, first));
-            }
-            self.lock().folded += folded;
+            self.fold_pass(&ready);
         }
+    }
+
+    /// Folds the chunks `keys` (in file order), counts them and reports their bytes as the
+    /// tenant's background work.
+    fn fold_pass(&self, keys: &[(u64, u64)]) {
+        let started = Instant::now();
+        self.prefetch(keys);
+        let folded = keys
+            .iter()
+            .filter(|&&(ino, first)| self.fold(ino, first))
+            .count() as u64;
+        // Each chunk folded was read (with the blocks over it) and written whole.
+        let chunk_bytes = self.chunk_blocks * self.block_size;
+        self.tenant
+            .db()
+            .background()
+            .report(2 * folded * chunk_bytes, started);
+        self.lock().folded += folded;
     }
 
     /// Brings the chunks of a pass and the blocks over them into the cache, [`FETCHERS`]
@@ -474,6 +482,49 @@ mod tests {
         let (chunks, overlaid, _) = overlaid_chunks(&vol);
         assert_eq!(overlaid, 0, "{overlaid} of {chunks} chunks still overlaid");
         assert!(vol.folds.counts().1 > 0, "nothing was folded");
+    }
+
+    /// The store's flushes and compactions and the volume's folds report what they moved as
+    /// background work: a flush at least the bytes it wrote out, a compaction what it read and
+    /// wrote, a fold each chunk it merged, read and written.
+    #[test]
+    fn background_work_is_reported_as_it_is_done() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let store = TestStore::new();
+        let vol = open_with_folds_held(&store);
+        let reported = Arc::new(AtomicU64::new(0));
+        let to = Arc::clone(&reported);
+        let db = vol.tenant().db();
+        db.background().set_sink(Arc::new(move |bytes, started| {
+            assert!(started <= Instant::now());
+            to.fetch_add(bytes, Ordering::Relaxed);
+        }));
+        let took = || reported.swap(0, Ordering::Relaxed);
+        let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+        let (ino, _) = noise_file(&vol, &mut rng, b"g", 2 * CHUNK);
+        took();
+        // Eight blocks of noise over the two chunks: values in the memtable until a flush.
+        for i in 0..8 {
+            vol.write(ino, (i * CHUNK / 4) as u64, &bytes(&mut rng, BS))
+                .unwrap();
+        }
+        db.flush().unwrap();
+        let flushed = took();
+        assert!(flushed >= 8 * BS as u64, "a flush reported {flushed} bytes");
+        // A compaction with blob collection reads the blocks' blob file and writes a new one.
+        db.collect_blob_garbage();
+        let compacted = took();
+        assert!(
+            compacted >= 2 * 8 * BS as u64,
+            "a compaction of the flushed blocks reported {compacted} bytes"
+        );
+        vol.folds.fold_now();
+        assert_eq!(vol.folds.counts(), (0, 2));
+        let folded = took();
+        assert!(
+            folded >= 2 * 2 * CHUNK as u64,
+            "two chunks folded reported {folded} bytes"
+        );
     }
 
     /// A block write leaves the chunk under it (one key written, nothing read back), and the

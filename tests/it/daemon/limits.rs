@@ -173,3 +173,57 @@ fn limits_change_live_on_a_mounted_tenant() {
     h.ok(&["tenant", "set", "t", "--weight", "default"]);
     assert!(mount_stats(&h, "t").get("weight").is_none());
 }
+
+/// A byte limit covers the tenant's background work: small files written within the limit
+/// wait in the memtable; the idle flush writes them out on RocksDB's threads (counted in
+/// `stats` as the tenant's background bytes), and the tenant's next read waits until the
+/// limit has given those bytes their time.
+#[test]
+fn background_work_is_charged_to_the_byte_limit() {
+    let h = Host::new("bglimit");
+    h.create_tenant("t");
+    let d = start_daemon(&h, &h.root().join("notify"));
+    let mp = h.dir("m");
+    h.ok(&["mount", "-o", "bandwidth=1M", "t", mp.to_str().unwrap()]);
+    let _g = h.guard("t", &mp, d.0.id());
+    // 2 MiB in 1 KiB files of noise (which no compression shrinks): 2 s at the limit.
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for i in 0..2048 {
+        let noise: Vec<u8> = (0..1024)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        std::fs::write(mp.join(format!("f{i}")), noise).unwrap();
+    }
+    let background = || mount_stats(&h, "t")["background_bytes"].as_u64().unwrap();
+    let before = background();
+    // The store flushes once idle for a few seconds.
+    let start = Instant::now();
+    while background() < before + (2 << 20) {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no flush of the 2 MiB written counted as background work: {} bytes",
+            background()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let flushed = background() - before;
+    // The flush's 2 MiB are 2 s at 1 MiB/s: the next read waits for what is left of them.
+    let throttled = || mount_stats(&h, "t")["throttled_us"].as_u64().unwrap();
+    let (t0, read) = (throttled(), Instant::now());
+    std::fs::read(mp.join("f0")).unwrap();
+    let (waited, took) = (throttled() - t0, read.elapsed());
+    eprintln!("flushed {flushed} bytes; the next read waited {waited} us on the limit");
+    assert!(
+        waited >= 1_000_000 && took >= Duration::from_secs(1),
+        "a read after {flushed} bytes of background work at 1 MiB/s waited {waited} us ({took:?})"
+    );
+    // Paid: the next one does not wait.
+    let t1 = throttled();
+    std::fs::read(mp.join("f1")).unwrap();
+    assert!(throttled() - t1 < 100_000, "{}", throttled() - t1);
+}
