@@ -10,14 +10,16 @@
 //! to 4 TiB/s fits the bucket's 32-bit counts.
 //!
 //! A byte limit also covers the disk work done for the tenant in the background (its store's
-//! flushes and compactions, blob and extent collection, folds, read-ahead: [`Background`]).
+//! flushes and compactions, blob and extent collection, folds: `store::BackgroundWork`).
 //! That work is never held: it runs on threads all tenants share, and holding one for a
 //! limited tenant would hold the others' work behind it. It is charged instead, as it is
-//! done, to a debt clock that runs ahead of now by the time the limit gives those bytes, and
-//! the tenant's next requests wait until the clock is back. Over any run longer than the
-//! background work's own pieces, the tenant's request bytes and its background bytes together
-//! stay within the limit. The clock is at most [`MAX_DEBT`] ahead: what lies beyond that is
-//! forgiven, so that no request waits longer on background work.
+//! done, to a debt clock that runs ahead by the time the limit gives those bytes, counted
+//! from when the work began or from the tenant's last request, whichever is later (only time
+//! the tenant left unused pays for it), and the tenant's requests wait until the clock is
+//! back. Each request waits at most [`MAX_DEBT_WAIT`] on it (a block device's kernel gives
+//! up on a request after a few seconds), so in debt a tenant's requests go at about one a
+//! second for each it has in flight until the clock is back. The clock is at most
+//! [`MAX_DEBT`] ahead: what lies beyond is forgiven.
 
 use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -50,6 +52,9 @@ impl IoLimits {
 
 /// The most a tenant's background work puts its debt clock ahead of now.
 pub const MAX_DEBT: Duration = Duration::from_secs(10);
+
+/// The longest one request waits on the debt clock.
+pub const MAX_DEBT_WAIT: Duration = Duration::from_secs(1);
 
 /// Debts smaller than this are not waited for (the byte bucket's burst is as long).
 const DEBT_GRACE: Duration = Duration::from_millis(20);
@@ -97,12 +102,18 @@ impl DebtClock {
             });
     }
 
-    /// How long until the debt is paid, if a request must wait for it.
+    /// How long a request waits for the debt, if it must ([`MAX_DEBT_WAIT`] at most).
     fn wait(&self) -> Option<Duration> {
         let until = self.paid_until_ns.load(Ordering::Relaxed);
         let ahead =
             Duration::from_nanos(until.saturating_sub(since_epoch(Instant::now())).max(0) as u64);
-        (ahead > DEBT_GRACE).then(|| ahead - DEBT_GRACE)
+        (ahead > DEBT_GRACE).then(|| (ahead - DEBT_GRACE).min(MAX_DEBT_WAIT))
+    }
+
+    /// A request of the tenant is admitted: the time until now was not left unused.
+    fn used_until_now(&self) {
+        self.paid_until_ns
+            .fetch_max(since_epoch(Instant::now()), Ordering::Relaxed);
     }
 }
 
@@ -155,11 +166,20 @@ impl Throttle {
         }
     }
 
+    /// Goes on with the debt clock of `earlier` (the buckets this one replaces) if both have
+    /// a byte limit: changing a limit forgives no debt.
+    fn keep_debt_of(&self, earlier: &Throttle) {
+        if let (Some(now), Some(before)) = (&self.debt, &earlier.debt) {
+            let until = before.paid_until_ns.load(Ordering::Relaxed);
+            now.paid_until_ns.fetch_max(until, Ordering::Relaxed);
+        }
+    }
+
     /// Waits until a data request of `bytes` may be answered (one moving no bytes, as a
     /// discard, takes only a request's token); how long it slept.
     pub fn wait(&self, bytes: u64) -> Duration {
         let mut slept = Duration::ZERO;
-        while let Some(wait) = self.debt.as_ref().and_then(DebtClock::wait) {
+        if let Some(wait) = self.debt.as_ref().and_then(DebtClock::wait) {
             crate::serving::will_wait();
             std::thread::sleep(wait);
             slept += wait;
@@ -169,6 +189,9 @@ impl Throttle {
         }
         if let (Some(b), true) = (&self.kib, bytes > 0) {
             slept += self.take(b, bytes.div_ceil(1024));
+        }
+        if let Some(d) = &self.debt {
+            d.used_until_now();
         }
         slept
     }
@@ -209,8 +232,11 @@ impl Throttle {
     /// going on from `paid` (what earlier calls for the same request took): `None` once all
     /// are taken, else how long until the next piece is there.
     pub fn try_pay(&self, bytes: u64, paid: &mut Paid) -> Option<Duration> {
-        if let Some(wait) = self.debt.as_ref().and_then(DebtClock::wait) {
-            return Some(wait);
+        if !paid.debt {
+            paid.debt = true;
+            if let Some(wait) = self.debt.as_ref().and_then(DebtClock::wait) {
+                return Some(wait);
+            }
         }
         if let (Some(b), false) = (&self.requests, paid.request) {
             if let Err(wait) = self.take_piece(b, 1) {
@@ -226,6 +252,9 @@ impl Throttle {
                     Err(wait) => return Some(wait),
                 }
             }
+        }
+        if let Some(d) = &self.debt {
+            d.used_until_now();
         }
         None
     }
@@ -248,6 +277,8 @@ pub fn background_sink(
 /// [`LiveLimits::pay_ahead`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Paid {
+    /// The wait on the debt clock is over (there is one per request).
+    debt: bool,
     request: bool,
     kib: u64,
 }
@@ -292,7 +323,11 @@ impl LiveLimits {
             fair_share::host().engage();
         }
         let throttle = Throttle::new(limits).map(Arc::new);
-        *self.state.write().unwrap_or_else(|p| p.into_inner()) = (limits, throttle);
+        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        if let (Some(new), Some(old)) = (&throttle, &state.1) {
+            new.keep_debt_of(old);
+        }
+        *state = (limits, throttle);
     }
 
     pub fn get(&self) -> IoLimits {
@@ -388,9 +423,21 @@ mod tests {
         assert!(limits.pay_ahead(4096, &mut Paid::default()).is_some());
     }
 
+    /// How far `t`'s debt clock is ahead of now.
+    fn debt_ahead(t: &Throttle) -> Duration {
+        let until = t
+            .debt
+            .as_ref()
+            .unwrap()
+            .paid_until_ns
+            .load(Ordering::Relaxed);
+        Duration::from_nanos((until - since_epoch(Instant::now())).max(0) as u64)
+    }
+
     /// Background bytes put the debt clock ahead by their time at the limit, from when their
-    /// work began: work done while the tenant was idle long enough costs it nothing; a debt
-    /// holds the next request (with or without a thread); the clock is at most `MAX_DEBT` ahead.
+    /// work began or the tenant's last request: only time the tenant left unused pays for
+    /// them. A debt holds a request (with or without a thread) once, at most
+    /// `MAX_DEBT_WAIT`; the clock is at most `MAX_DEBT` ahead; a change of limits keeps it.
     #[test]
     fn background_work_is_paid_by_the_next_requests() {
         let limits = IoLimits {
@@ -401,27 +448,39 @@ mod tests {
         // 1 MiB of work that began 2 s ago fits in the 2 s the tenant left unused.
         t.charge_background(1 << 20, Instant::now() - Duration::from_secs(2));
         assert_eq!(t.try_pay(4096, &mut Paid::default()), None);
+        // That request used the time until now: the same work again costs its whole second.
+        t.charge_background(1 << 20, Instant::now() - Duration::from_secs(2));
+        let ahead = debt_ahead(&t);
+        assert!(ahead > Duration::from_millis(900), "{ahead:?}");
+
+        let t = Throttle::new(limits).unwrap();
+        let start = Instant::now();
         // 256 KiB of work beginning now: a quarter of a second.
         t.charge_background(256 << 10, Instant::now());
-        let wait = t.try_pay(4096, &mut Paid::default()).expect("a debt");
+        let mut paid = Paid::default();
+        let wait = t.try_pay(4096, &mut paid).expect("a debt");
         assert!(
             wait > Duration::from_millis(150) && wait <= Duration::from_millis(250),
             "{wait:?}"
         );
-        let start = Instant::now();
+        // Once waited for, the same request goes on to its tokens.
+        assert_eq!(t.try_pay(4096, &mut paid), None);
+        // A request on a thread sleeps until the clock is back.
         t.wait(4096);
         assert!(
-            start.elapsed() >= Duration::from_millis(200),
+            start.elapsed() >= Duration::from_millis(225),
             "{:?}",
             start.elapsed()
         );
-        // 1 GiB would be 1,024 s: the clock stops at MAX_DEBT.
+        // 1 GiB would be 1,024 s: the clock stops at MAX_DEBT, a request waits MAX_DEBT_WAIT.
         t.charge_background(1 << 30, Instant::now());
-        let wait = t.try_pay(4096, &mut Paid::default()).expect("a debt");
+        let ahead = debt_ahead(&t);
         assert!(
-            wait > MAX_DEBT - Duration::from_secs(1) && wait <= MAX_DEBT,
-            "{wait:?}"
+            ahead > MAX_DEBT - Duration::from_secs(1) && ahead <= MAX_DEBT,
+            "{ahead:?}"
         );
+        assert_eq!(t.try_pay(4096, &mut Paid::default()), Some(MAX_DEBT_WAIT));
+
         // Without a byte limit, background work is counted, not charged.
         let live = Arc::new(LiveLimits::default());
         live.set(IoLimits {
@@ -435,6 +494,12 @@ mod tests {
         assert_eq!(live.pay_ahead(4096, &mut Paid::default()), None);
         live.set(limits);
         sink(1 << 20, Instant::now());
+        assert!(live.pay_ahead(4096, &mut Paid::default()).is_some());
+        // A new IOPS limit beside the same byte limit forgives nothing.
+        live.set(IoLimits {
+            iops: NonZeroU32::new(1000),
+            ..limits
+        });
         assert!(live.pay_ahead(4096, &mut Paid::default()).is_some());
     }
 
