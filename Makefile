@@ -92,6 +92,8 @@ bench: build
 	$(CARGO) run --release --example bench_nbd
 	$(CARGO) run --release --example bench_vm_block
 	$(CARGO) run --release --example bench_interference
+	$(CARGO) run --release --example bench_interference -- vm 10 3
+	$(CARGO) run --release --example bench_background_limit
 	$(CARGO) run --release --example bench_weights
 	$(CARGO) run --release --example bench_neighbours
 	$(CARGO) run --release --example bench_cold_reads
