@@ -30,6 +30,7 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use crate::fair_share::{self, Share, Turn};
+use crate::store::BackgroundAccount;
 use crate::metrics::MountMetrics;
 
 /// What a limited tenant may do a second; `None`: no limit.
@@ -260,17 +261,34 @@ impl Throttle {
     }
 }
 
-/// What a store reports its background work to (`store::BackgroundSink`) for a tenant served
-/// within `limits`: counted in `metrics` and charged to the limits.
+/// The account a store reports its background work to (`store::BackgroundSink`) for a
+/// tenant served within `limits`: counted in `metrics`, charged to the limits' debt clock,
+/// which the volume's own background work also waits for.
 pub fn background_sink(
     limits: &Arc<LiveLimits>,
     metrics: &Arc<MountMetrics>,
-) -> Arc<dyn Fn(u64, Instant) + Send + Sync> {
-    let (limits, metrics) = (Arc::clone(limits), Arc::clone(metrics));
-    Arc::new(move |bytes, started| {
-        metrics.add_background_bytes(bytes);
-        limits.charge_background(bytes, started);
+) -> crate::store::BackgroundSink {
+    Arc::new(TenantAccount {
+        limits: Arc::clone(limits),
+        metrics: Arc::clone(metrics),
     })
+}
+
+struct TenantAccount {
+    limits: Arc<LiveLimits>,
+    metrics: Arc<MountMetrics>,
+}
+
+impl BackgroundAccount for TenantAccount {
+    fn charge(&self, bytes: u64, started: Instant) {
+        self.metrics.add_background_bytes(bytes);
+        self.limits.charge_background(bytes, started);
+    }
+
+    fn due_in(&self) -> Option<Duration> {
+        let state = self.limits.state.read().unwrap_or_else(|p| p.into_inner());
+        state.1.as_ref()?.debt.as_ref()?.wait()
+    }
 }
 
 /// What a request waiting without a thread has taken of its tokens so far (see
@@ -489,12 +507,15 @@ mod tests {
         });
         let metrics = MountMetrics::new();
         let sink = background_sink(&live, &metrics);
-        sink(1 << 30, Instant::now());
+        sink.charge(1 << 30, Instant::now());
         assert_eq!(metrics.summary().background_bytes, 1 << 30);
         assert_eq!(live.pay_ahead(4096, &mut Paid::default()), None);
+        assert_eq!(sink.due_in(), None);
         live.set(limits);
-        sink(1 << 20, Instant::now());
+        sink.charge(1 << 20, Instant::now());
         assert!(live.pay_ahead(4096, &mut Paid::default()).is_some());
+        // The volume's own background work waits for the debt too.
+        assert!(sink.due_in().is_some());
         // A new IOPS limit beside the same byte limit forgives nothing.
         live.set(IoLimits {
             iops: NonZeroU32::new(1000),

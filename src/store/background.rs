@@ -1,15 +1,34 @@
 //! The disk work a store does in the background for its tenant: flushes and compactions
 //! (blob collection is one), reported by the shim's listener as they write files and finish,
 //! and extent collection and folds, reported by the volume. Each report goes, as it is done,
-//! to the sink of whoever serves the tenant: the mount or block device charges it to the
-//! tenant's byte limit (`io_limits`) and counts it. With no sink (a store opened for a
+//! to the account of whoever serves the tenant: the mount or block device charges it to the
+//! tenant's byte limit (`io_limits`) and counts it. With no account (a store opened for a
 //! command), nothing is charged.
+//!
+//! RocksDB's flushes and compactions run on threads all stores share and are never held. The
+//! volume's own background work (folds, extent and blob collection) runs on threads of the
+//! tenant's own, so it waits ([`BackgroundWork::hold`]) while the tenant is in debt, up to
+//! [`MAX_HOLD`] a piece: a tenant's folds then go at the pace its limit gives, and a tenant
+//! that stops writing does not leave its limit's worth of work behind it unpaid.
 
 use std::sync::{Arc, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// Takes `bytes` of background disk work for a tenant, and when that work began.
-pub type BackgroundSink = Arc<dyn Fn(u64, Instant) + Send + Sync>;
+/// The most one piece of the volume's own background work waits for the tenant's debt (it
+/// then runs anyway: collections give space back).
+pub const MAX_HOLD: Duration = Duration::from_secs(10);
+
+/// Whoever charges a tenant for its background work.
+pub trait BackgroundAccount: Send + Sync {
+    /// `bytes` moved to or from the disk by work that began at `started`.
+    fn charge(&self, bytes: u64, started: Instant);
+    /// How long the tenant's own background work should wait before its next piece, if at
+    /// all (a wait of its limit's debt).
+    fn due_in(&self) -> Option<Duration>;
+}
+
+/// An account shared by every store opened for one mount or device.
+pub type BackgroundSink = Arc<dyn BackgroundAccount>;
 
 /// Where one open store reports its background work.
 #[derive(Default)]
@@ -35,9 +54,50 @@ impl BackgroundWork {
     pub fn report(&self, bytes: u64, started: Instant) {
         if bytes > 0 {
             if let Some(sink) = self.sink.get() {
-                sink(bytes, started);
+                sink.charge(bytes, started);
             }
         }
+    }
+
+    /// Waits while the tenant is in debt, [`MAX_HOLD`] at most, or until `stop` says so; how
+    /// long it waited.
+    pub fn hold(&self, stop: impl Fn() -> bool) -> Duration {
+        let start = Instant::now();
+        let Some(sink) = self.sink.get() else {
+            return Duration::ZERO;
+        };
+        while let Some(wait) = sink.due_in() {
+            let left = MAX_HOLD.saturating_sub(start.elapsed());
+            if stop() || left.is_zero() {
+                break;
+            }
+            // In short steps, so that a closing volume is not kept waiting.
+            std::thread::sleep(wait.min(left).min(Duration::from_millis(100)));
+        }
+        start.elapsed()
+    }
+}
+
+/// An account that counts what it is charged and never holds anything (tests).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct CountingAccount {
+    pub(crate) bytes: std::sync::atomic::AtomicU64,
+    /// Reports of work that began after they were made.
+    pub(crate) from_the_future: std::sync::atomic::AtomicU64,
+}
+
+#[cfg(test)]
+impl BackgroundAccount for CountingAccount {
+    fn charge(&self, bytes: u64, started: Instant) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.bytes.fetch_add(bytes, Relaxed);
+        if started > Instant::now() {
+            self.from_the_future.fetch_add(1, Relaxed);
+        }
+    }
+    fn due_in(&self) -> Option<Duration> {
+        None
     }
 }
 
@@ -46,20 +106,51 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    /// Counts charges; in debt for its first `debt_calls` questions, 30 ms each.
+    #[derive(Default)]
+    struct Counted {
+        bytes: AtomicU64,
+        debt_calls: AtomicU64,
+    }
+
+    impl BackgroundAccount for Counted {
+        fn charge(&self, bytes: u64, _: Instant) {
+            self.bytes.fetch_add(bytes, Ordering::Relaxed);
+        }
+        fn due_in(&self) -> Option<Duration> {
+            let left = self.debt_calls.load(Ordering::Relaxed);
+            (left > 0).then(|| {
+                self.debt_calls.store(left - 1, Ordering::Relaxed);
+                Duration::from_millis(30)
+            })
+        }
+    }
+
     #[test]
     fn reports_reach_the_first_sink_only_once_set() {
         let work = BackgroundWork::default();
         work.report(10, Instant::now());
-        let (first, second) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        for to in [&first, &second] {
-            let to = Arc::clone(to);
-            work.set_sink(Arc::new(move |b, _| {
-                to.fetch_add(b, Ordering::Relaxed);
-            }));
-        }
+        assert_eq!(work.hold(|| false), Duration::ZERO, "no account: no hold");
+        let (first, second) = (Arc::new(Counted::default()), Arc::new(Counted::default()));
+        work.set_sink(first.clone());
+        work.set_sink(second.clone());
         work.report(4096, Instant::now());
         work.report(0, Instant::now());
-        assert_eq!(first.load(Ordering::Relaxed), 4096);
-        assert_eq!(second.load(Ordering::Relaxed), 0);
+        assert_eq!(first.bytes.load(Ordering::Relaxed), 4096);
+        assert_eq!(second.bytes.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_hold_lasts_while_the_tenant_is_in_debt_or_until_stopped() {
+        let work = BackgroundWork::default();
+        let account = Arc::new(Counted::default());
+        work.set_sink(account.clone());
+        assert!(work.hold(|| false) < Duration::from_millis(20), "no debt");
+        account.debt_calls.store(3, Ordering::Relaxed);
+        let held = work.hold(|| false);
+        assert!(held >= Duration::from_millis(90), "{held:?}");
+        account.debt_calls.store(1000, Ordering::Relaxed);
+        let held = work.hold(|| true);
+        assert!(held < Duration::from_millis(20), "stopped: {held:?}");
     }
 }

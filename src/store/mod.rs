@@ -21,7 +21,9 @@ mod tenant_db;
 
 use std::path::{Path, PathBuf};
 
-pub use background::{BackgroundSink, BackgroundWork};
+#[cfg(test)]
+pub(crate) use background::CountingAccount;
+pub use background::{BackgroundAccount, BackgroundSink, BackgroundWork};
 pub(crate) use extent_io::ALIGN as EXTENT_ALIGN;
 pub use extent_span::{ExtentSpan, SpanCheck, SpanPart, PIECE};
 pub use extents::{ExtentFileStats, ExtentFiles, ExtentLineage};

@@ -57,7 +57,7 @@ pub(crate) struct BlobGc {
     next_extent_check_ms: AtomicU64,
     start: Instant,
     running: Arc<AtomicBool>,
-    closed: AtomicBool,
+    closed: Arc<AtomicBool>,
     /// Collections started so far.
     started: AtomicU64,
     worker: Mutex<Option<JoinHandle<()>>>,
@@ -105,7 +105,7 @@ impl BlobGc {
             next_extent_check_ms: AtomicU64::new(EXTENT_CHECK_EVERY.as_millis() as u64),
             start: Instant::now(),
             running: Arc::new(AtomicBool::new(false)),
-            closed: AtomicBool::new(false),
+            closed: Arc::new(AtomicBool::new(false)),
             started: AtomicU64::new(0),
             worker: Mutex::new(None),
             policy: Mutex::new(Policy {
@@ -194,11 +194,14 @@ impl BlobGc {
         if let Some(done) = worker.take() {
             let _ = done.join(); // it cleared `running`: finished
         }
-        let running = Arc::clone(&self.running);
+        let (running, closed) = (Arc::clone(&self.running), Arc::clone(&self.closed));
         let t = Arc::clone(tenant);
         let spawned = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
+                // A tenant in debt for its background work collects once it has paid (or
+                // after `store::background::MAX_HOLD`: collections give space back).
+                t.db().background().hold(|| closed.load(Ordering::Acquire));
                 job(&t);
                 running.store(false, Ordering::Release);
             });

@@ -272,17 +272,11 @@ mod tests {
             assert!(before.bytes >= 3 * len as u64, "{before:?}");
             let none = collect(&vol, 64 << 20);
             assert_eq!(none, ExtentCollection::default(), "below the threshold");
-            let reported = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-            let to = std::sync::Arc::clone(&reported);
-            vol.tenant()
-                .db()
-                .background()
-                .set_sink(std::sync::Arc::new(move |bytes, _| {
-                    to.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
-                }));
+            let account = std::sync::Arc::new(crate::store::CountingAccount::default());
+            vol.tenant().db().background().set_sink(account.clone());
             let done = collect(&vol, 0);
             // The moves, read and written, are the tenant's background work.
-            let reported = reported.load(std::sync::atomic::Ordering::Relaxed);
+            let reported = account.bytes.load(std::sync::atomic::Ordering::Relaxed);
             assert!(reported >= 2 * done.moved, "{reported} for {done:?}");
             // Every chunk of `keep` but those in the open file (the last 1-3 MiB written).
             assert!(
