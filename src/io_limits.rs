@@ -11,8 +11,10 @@
 //!
 //! A byte limit also covers the disk work done for the tenant in the background (its store's
 //! flushes and compactions, blob and extent collection, folds: `store::BackgroundWork`).
-//! That work is never held: it runs on threads all tenants share, and holding one for a
-//! limited tenant would hold the others' work behind it. It is charged instead, as it is
+//! RocksDB's part is never held: it runs on threads all tenants share, and holding one for a
+//! limited tenant would hold the others' work behind it (the volume's own folds and
+//! collections wait for the debt before they start: `store::BackgroundWork::hold`). All of
+//! it is charged, as it is
 //! done, to a debt clock that runs ahead by the time the limit gives those bytes, counted
 //! from when the work began or from the tenant's last request, whichever is later (only time
 //! the tenant left unused pays for it), and the tenant's requests wait until the clock is
@@ -30,8 +32,8 @@ use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 
 use crate::fair_share::{self, Share, Turn};
-use crate::store::BackgroundAccount;
 use crate::metrics::MountMetrics;
+use crate::store::BackgroundAccount;
 
 /// What a limited tenant may do a second; `None`: no limit.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -8,8 +8,9 @@
 //! RocksDB's flushes and compactions run on threads all stores share and are never held. The
 //! volume's own background work (folds, extent and blob collection) runs on threads of the
 //! tenant's own, so it waits ([`BackgroundWork::hold`]) while the tenant is in debt, up to
-//! [`MAX_HOLD`] a piece: a tenant's folds then go at the pace its limit gives, and a tenant
-//! that stops writing does not leave its limit's worth of work behind it unpaid.
+//! [`MAX_HOLD`] before each pass or collection starts: a tenant's folds then go at about the
+//! pace its limit gives, and a tenant that stops writing does not leave work beyond its
+//! limit behind it unpaid. A volume that closes meanwhile does not start the held work.
 
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -59,22 +60,25 @@ impl BackgroundWork {
         }
     }
 
-    /// Waits while the tenant is in debt, [`MAX_HOLD`] at most, or until `stop` says so; how
-    /// long it waited.
-    pub fn hold(&self, stop: impl Fn() -> bool) -> Duration {
+    /// Waits while the tenant is in debt, [`MAX_HOLD`] at most, or until `stop` says so;
+    /// whether the work is to go on (false: `stop` ended a wait, the work is not to start).
+    pub fn hold(&self, stop: impl Fn() -> bool) -> bool {
         let start = Instant::now();
         let Some(sink) = self.sink.get() else {
-            return Duration::ZERO;
+            return true;
         };
         while let Some(wait) = sink.due_in() {
+            if stop() {
+                return false;
+            }
             let left = MAX_HOLD.saturating_sub(start.elapsed());
-            if stop() || left.is_zero() {
+            if left.is_zero() {
                 break;
             }
             // In short steps, so that a closing volume is not kept waiting.
             std::thread::sleep(wait.min(left).min(Duration::from_millis(100)));
         }
-        start.elapsed()
+        true
     }
 }
 
@@ -130,7 +134,7 @@ mod tests {
     fn reports_reach_the_first_sink_only_once_set() {
         let work = BackgroundWork::default();
         work.report(10, Instant::now());
-        assert_eq!(work.hold(|| false), Duration::ZERO, "no account: no hold");
+        assert!(work.hold(|| true), "no account: no hold");
         let (first, second) = (Arc::new(Counted::default()), Arc::new(Counted::default()));
         work.set_sink(first.clone());
         work.set_sink(second.clone());
@@ -145,12 +149,28 @@ mod tests {
         let work = BackgroundWork::default();
         let account = Arc::new(Counted::default());
         work.set_sink(account.clone());
-        assert!(work.hold(|| false) < Duration::from_millis(20), "no debt");
+        assert!(
+            work.hold(|| true),
+            "no debt: it goes on, whatever `stop` says"
+        );
         account.debt_calls.store(3, Ordering::Relaxed);
-        let held = work.hold(|| false);
-        assert!(held >= Duration::from_millis(90), "{held:?}");
+        let start = Instant::now();
+        assert!(work.hold(|| false));
+        assert!(
+            start.elapsed() >= Duration::from_millis(90),
+            "{:?}",
+            start.elapsed()
+        );
         account.debt_calls.store(1000, Ordering::Relaxed);
-        let held = work.hold(|| true);
-        assert!(held < Duration::from_millis(20), "stopped: {held:?}");
+        let start = Instant::now();
+        assert!(
+            !work.hold(|| true),
+            "stopped while in debt: the work does not start"
+        );
+        assert!(
+            start.elapsed() < Duration::from_millis(20),
+            "{:?}",
+            start.elapsed()
+        );
     }
 }

@@ -199,10 +199,12 @@ impl BlobGc {
         let spawned = std::thread::Builder::new()
             .name(name.into())
             .spawn(move || {
-                // A tenant in debt for its background work collects once it has paid (or
-                // after `store::background::MAX_HOLD`: collections give space back).
-                t.db().background().hold(|| closed.load(Ordering::Acquire));
-                job(&t);
+                // A tenant in debt for its background work starts a collection once it has
+                // paid (or after `store::background::MAX_HOLD`: collections give space back);
+                // not at all if its volume closes meanwhile.
+                if t.db().background().hold(|| closed.load(Ordering::Acquire)) {
+                    job(&t);
+                }
                 running.store(false, Ordering::Release);
             });
         match spawned {
