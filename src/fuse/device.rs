@@ -241,6 +241,11 @@ pub(super) fn answer(
         (0, 0)
     } else {
         let (op_in, rest) = buf[IN_HEADER_SIZE..].split_at_mut(fixed);
+        // On a ring thread (a mount fallen back to /dev/fuse), a large write gives up the
+        // thread's lead first, as over the ring; on a mount's own worker this does nothing.
+        if dispatch::limited_bytes(&h, op_in).is_some_and(|b| dispatch::is_long(&h, b)) {
+            crate::serving::will_wait();
+        }
         dispatch::answer_or_eio(ops, &h, op_in, rest, args_len - fixed, scratch)
     };
     let mut out = [0u8; OUT_HEADER_SIZE];

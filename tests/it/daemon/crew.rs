@@ -126,6 +126,42 @@ fn a_long_request_holds_no_other_tenants_requests() {
     d.terminate_cleanly(&[&ma, &h.dir("b")]);
 }
 
+/// The same over mounts fallen back to /dev/fuse (the ring could not register: a failpoint),
+/// whose requests the host's ring threads read from the device: the large write still gives
+/// up its thread's lead. The daemon is kept to CPU 0, so both devices are read on its ring.
+#[test]
+fn a_long_request_over_the_dev_fuse_fallback_holds_no_other_tenants_requests() {
+    let (h, mut d, ma, mb) = on_cpu0(|| {
+        two_ring_mounts(
+            "crewfallback",
+            &[(
+                "FAILPOINTS",
+                "fuse-ring-submit=return;fuse-long-write=delay(3000)",
+            )],
+            "transport=uring",
+        )
+    })
+    .join()
+    .unwrap();
+    let big = ma.join("big");
+    let (_, write_took) = rounds_during(mb, move || {
+        std::fs::write(&big, vec![7u8; 1 << 20]).unwrap();
+    });
+    assert!(
+        write_took >= Duration::from_millis(2900),
+        "the failpoint did not keep the write busy ({write_took:?})"
+    );
+    for t in ["a", "b"] {
+        assert_eq!(
+            mount_stats(&h, t)["ring_requests"].as_u64(),
+            Some(0),
+            "{t} was not served over /dev/fuse"
+        );
+    }
+    assert_eq!(std::fs::read(ma.join("big")).unwrap(), vec![7u8; 1 << 20]);
+    d.terminate_cleanly(&[&ma, &h.dir("b")]);
+}
+
 /// A tenant limited to 2 requests a second reads from 4 threads on CPU 0, so its requests
 /// wait on their limit (which they announce): another tenant's requests from CPU 0 are
 /// answered meanwhile at full speed.
