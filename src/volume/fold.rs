@@ -228,6 +228,13 @@ impl Shared {
     /// The fold thread: folds what is due, sleeps until the next is, ends when none is left.
     fn work(&self) {
         loop {
+            // A tenant in debt for its background work folds at about the pace its limit
+            // gives, held before it picks chunks (a write meanwhile keeps its chunk queued),
+            // and not while the queue is half full (writers would then fold on their own).
+            // Closed meanwhile: the loop below ends the thread.
+            if self.lock().due.len() < MAX_PENDING / 2 {
+                let _ = self.tenant.db().background().hold(|| self.lock().closed);
+            }
             let ready: Vec<(u64, u64)> = {
                 let mut st = self.lock();
                 loop {
@@ -275,8 +282,6 @@ impl Shared {
                         .0;
                 }
             };
-            // A tenant in debt for its background work folds at the pace its limit gives.
-            self.tenant.db().background().hold(|| self.lock().closed);
             self.fold_pass(&ready);
         }
     }
