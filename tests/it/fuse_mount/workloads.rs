@@ -178,7 +178,12 @@ fn durability_under_kill9() {
 
     m.kill9();
     let e = std::fs::metadata(&mnt).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::ENOTCONN), "{e}");
+    // ENOTCONN; or ECONNABORTED for a request queued before the kernel finished aborting the
+    // connection (the server's io_uring is torn down after its process is gone).
+    assert!(
+        matches!(e.raw_os_error(), Some(libc::ENOTCONN | libc::ECONNABORTED)),
+        "{e}"
+    );
     assert!(tenantfs_mounted(&mnt), "dead mount vanished from the table");
 
     let m2 = h.mount("t", &mnt, "");
