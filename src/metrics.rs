@@ -100,6 +100,9 @@ pub struct MountActivity {
     pub ring_handoffs: u64,
     #[serde(default)]
     pub ring_handoff_stalls: u64,
+    /// Disk reads the ring made for cold reads, which waited on no thread (`serving`).
+    #[serde(default)]
+    pub ring_disk_reads: u64,
     /// FUSE requests answered (every opcode, both transports), and the time spent answering
     /// them, from the request's arrival in the daemon to its reply's bytes: a step's time
     /// less this is what the round trips and the caller took (see `bench_tree`).
@@ -132,6 +135,7 @@ pub struct MountMetrics {
     ring_requests: AtomicU64,
     ring_handoffs: AtomicU64,
     ring_handoff_stalls: AtomicU64,
+    ring_disk_reads: AtomicU64,
     requests: AtomicU64,
     /// Time answering requests, waits on the I/O limits included (reported without them).
     busy_ns: AtomicU64,
@@ -180,6 +184,11 @@ impl MountMetrics {
         self.ring_requests.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The ring makes `n` disk reads for a request.
+    pub fn add_ring_disk_reads(&self, n: u64) {
+        self.ring_disk_reads.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Records one hand-off of ring replies, and whether it ran behind other work.
     pub fn record_handoff(&self, stalled: bool) {
         self.ring_handoffs.fetch_add(1, Ordering::Relaxed);
@@ -191,6 +200,11 @@ impl MountMetrics {
     /// Records one FUSE request (any opcode) whose answer started at `start` and is ready.
     pub fn record_request(&self, start: Instant) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+        self.add_busy(start);
+    }
+
+    /// Counts the time since `start` as spent answering requests.
+    pub fn add_busy(&self, start: Instant) {
         self.busy_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
@@ -270,6 +284,7 @@ impl MountMetrics {
             ring_requests: self.ring_requests.load(Ordering::Relaxed),
             ring_handoffs: self.ring_handoffs.load(Ordering::Relaxed),
             ring_handoff_stalls: self.ring_handoff_stalls.load(Ordering::Relaxed),
+            ring_disk_reads: self.ring_disk_reads.load(Ordering::Relaxed),
             requests: self.requests.load(Ordering::Relaxed),
             busy_us: self.busy_ns() / 1000,
             throttled_us: self.throttled_ns.load(Ordering::Relaxed) / 1000,
@@ -408,6 +423,16 @@ pub fn encode_mounts(
             MetricType::Counter,
         ),
         |m| load(&m.ring_requests),
+    )?;
+    encode_mount_value(
+        encoder,
+        mounts,
+        (
+            "tenantfs_fuse_ring_disk_reads",
+            "Disk reads the ring made for cold reads, which waited on no thread.",
+            MetricType::Counter,
+        ),
+        |m| load(&m.ring_disk_reads),
     )?;
     encode_mount_value(
         encoder,

@@ -12,8 +12,18 @@
 //! How: a thread that leads sets a [`Lead`] for the request it answers ([`leading`]); the
 //! first [`will_wait`] of the request hands the lead on, once. A thread that leads nothing
 //! (a /dev/fuse worker, a block device queue, a test) makes [`will_wait`] a no-op.
+//!
+//! A cold read need not wait at all: where the thread can carry out disk reads itself (the
+//! ring's, with io_uring), it answers the request within [`deferring`], and the store hands
+//! its disk reads over ([`defer`]) instead of making them, and fails the request with its
+//! `Deferred` error. The thread submits them, goes on with other requests, and answers the
+//! request again once they are done, [`with_reads`] (the store takes their bytes from
+//! there, not from the cache, where a second lookup would count as a hit). Giving up the
+//! lead costs a cold read two more thread switches; this costs none.
 
-use std::cell::Cell;
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::os::fd::RawFd;
 
 /// Something that gives up a lead when its thread is about to wait.
 pub trait Lead: Sync {
@@ -49,6 +59,92 @@ pub fn will_wait() {
     }
 }
 
+/// A disk read a request hands to the thread that answers it instead of waiting on it.
+pub trait DiskRead: Send {
+    /// The descriptor, the offset in it, and the buffer the read fills (`len` bytes at
+    /// `buf`, valid and in place until [`Self::done`]).
+    fn target(&mut self) -> (RawFd, u64, *mut u8, usize);
+    /// The read ended: the count read, or why it failed. What it read is kept for the
+    /// request's next answer ([`with_reads`]); a failed or short read is left for that
+    /// answer to make again (and report).
+    fn done(&mut self, result: std::io::Result<usize>);
+    /// For the store that made it, to find its bytes in the next answer ([`made_reads`]).
+    fn as_any(&self) -> &dyn Any;
+}
+
+thread_local! {
+    static DEFERRED: RefCell<Option<Vec<Box<dyn DiskRead>>>> = const { RefCell::new(None) };
+    static MADE: RefCell<Vec<Box<dyn DiskRead>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Runs `f`, which answers again a request whose disk reads `reads` are done: their bytes
+/// are there for it ([`made_reads`]). Nothing is deferred within.
+pub fn with_reads<R>(reads: Vec<Box<dyn DiskRead>>, f: impl FnOnce() -> R) -> R {
+    /// Drops the reads after `f`, also when it panics.
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            drop(MADE.with(|m| m.take()));
+        }
+    }
+    MADE.with(|m| *m.borrow_mut() = reads);
+    let _clear = Clear;
+    f()
+}
+
+/// Calls `f` with the disk reads made for the request being answered again ([`with_reads`]):
+/// none elsewhere.
+pub fn made_reads<R>(f: impl FnOnce(&[Box<dyn DiskRead>]) -> R) -> R {
+    MADE.with(|m| f(&m.borrow()))
+}
+
+/// Runs `f`, which answers a request whose disk reads the calling thread will carry out
+/// itself: with the reads `f` deferred ([`defer`]), in order. None deferred: `f` answered.
+pub fn deferring<R>(f: impl FnOnce() -> R) -> (R, Vec<Box<dyn DiskRead>>) {
+    type Reads = Option<Vec<Box<dyn DiskRead>>>;
+    /// Puts the outer scope back, also when `f` panics.
+    struct Restore(Option<Reads>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            if let Some(outer) = self.0.take() {
+                DEFERRED.with(|d| *d.borrow_mut() = outer);
+            }
+        }
+    }
+    let mut restore = Restore(Some(DEFERRED.with(|d| d.replace(Some(Vec::new())))));
+    let r = f();
+    let outer = restore.0.take().unwrap_or_default();
+    let reads = DEFERRED.with(|d| d.replace(outer));
+    (r, reads.unwrap_or_default())
+}
+
+/// The most disk reads one request hands over.
+pub const MAX_DEFERRED_READS: usize = 8;
+
+/// Whether the calling thread's request may hand `reads` more disk reads over
+/// ([`deferring`], at most [`MAX_DEFERRED_READS`] in all).
+pub fn can_defer(reads: usize) -> bool {
+    DEFERRED.with(|d| {
+        d.borrow()
+            .as_ref()
+            .is_some_and(|v| v.len() + reads <= MAX_DEFERRED_READS)
+    })
+}
+
+/// Whether the calling thread's request has handed disk reads over.
+pub fn deferred_any() -> bool {
+    DEFERRED.with(|d| d.borrow().as_ref().is_some_and(|v| !v.is_empty()))
+}
+
+/// Hands `read` over to the thread answering the request: only where [`can_defer`]. The
+/// request then fails (the store's `Deferred` error), to be answered again once it is done.
+pub fn defer(read: Box<dyn DiskRead>) {
+    DEFERRED.with(|d| match d.borrow_mut().as_mut() {
+        Some(reads) => reads.push(read),
+        None => debug_assert!(false, "a disk read deferred where nobody carries it out"),
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -60,6 +156,63 @@ mod tests {
         fn give_up(&'static self, term: u64) {
             self.0.fetch_add(term, Ordering::Relaxed);
         }
+    }
+
+    struct Noted(u64);
+
+    impl DiskRead for Noted {
+        fn target(&mut self) -> (RawFd, u64, *mut u8, usize) {
+            (-1, self.0, std::ptr::null_mut(), 0)
+        }
+        fn done(&mut self, _: std::io::Result<usize>) {}
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    #[test]
+    fn made_reads_are_there_only_for_the_answer_they_were_made_for() {
+        let offsets = || {
+            made_reads(|r| {
+                r.iter()
+                    .map(|r| r.as_any().downcast_ref::<Noted>().unwrap().0)
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert!(offsets().is_empty());
+        let seen = with_reads(vec![Box::new(Noted(4)), Box::new(Noted(9))], offsets);
+        assert_eq!(seen, [4, 9]);
+        assert!(offsets().is_empty(), "dropped after the answer");
+        let _ = std::panic::catch_unwind(|| with_reads(vec![Box::new(Noted(1))], || panic!("x")));
+        assert!(offsets().is_empty(), "dropped after a panic too");
+    }
+
+    #[test]
+    fn reads_are_deferred_only_within_deferring_and_come_back_in_order() {
+        assert!(!can_defer(1), "outside: reads are made, not deferred");
+        let (r, mut reads) = deferring(|| {
+            assert!(can_defer(MAX_DEFERRED_READS) && !deferred_any());
+            defer(Box::new(Noted(1)));
+            defer(Box::new(Noted(2)));
+            assert!(deferred_any());
+            assert!(
+                !can_defer(MAX_DEFERRED_READS - 1),
+                "at most {MAX_DEFERRED_READS}"
+            );
+            7
+        });
+        assert_eq!(r, 7);
+        let offsets: Vec<u64> = reads.iter_mut().map(|r| r.target().1).collect();
+        assert_eq!(offsets, [1, 2]);
+        assert!(!can_defer(1), "the scope ended");
+        let (_, none) = deferring(|| ());
+        assert!(
+            none.is_empty(),
+            "nothing deferred: the request was answered"
+        );
+        // A panic inside ends the scope too.
+        let _ = std::panic::catch_unwind(|| deferring(|| panic!("answer failed")));
+        assert!(!can_defer(1));
     }
 
     #[test]

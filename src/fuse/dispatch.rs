@@ -28,7 +28,12 @@ pub fn answer_or_eio(
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         answer(ops, h, op_in, payload, in_len, scratch)
     }));
-    ops.metrics.record_request(start);
+    if crate::serving::deferred_any() {
+        // Answered again once its disk reads are done, and counted then.
+        ops.metrics.add_busy(start);
+    } else {
+        ops.metrics.record_request(start);
+    }
     // A buffer grown by an unusually large read is not kept.
     if scratch.capacity() > 2 * super::ops::MAX_WRITE as usize {
         *scratch = Vec::new();

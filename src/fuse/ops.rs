@@ -105,6 +105,8 @@ fn errno(e: VolumeError) -> Errno {
         if err.is_no_space() {
             // Expected while the disk is full: the store's state change was logged once.
             tracing::debug!(error = %err, "store error");
+        } else if err.is_deferred() {
+            // Not a failure: the request is answered again (`serving::deferring`).
         } else {
             tracing::error!(error = %err, "store error");
         }
@@ -433,6 +435,10 @@ impl Operations {
             self.warm_after(ino);
         }
         let r = self.vol("read", |v| v.read_into(ino, offset, size, out));
+        if matches!(&r, Err(VolumeError::Store(e)) if e.is_deferred()) {
+            // Counted when it is answered again, once its disk reads are done.
+            return Err(Errno::EAGAIN);
+        }
         self.metrics.record(Op::Read, t, r.is_ok());
         if r.is_ok() {
             self.metrics.add_read_bytes(out.len() as u64);

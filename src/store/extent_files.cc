@@ -3,10 +3,10 @@
 // Why C++: an extent file must be encrypted exactly as the store's own files are (the
 // provider's 4 KiB prefix, then the body under the file's cipher), and the store's Env
 // (shim.cc: RocksDB's EncryptedFileSystem under the pipelined writer) already does that. So an
-// extent file is opened through that Env's file system: written as a flush writes a blob file
+// extent file is written through that Env's file system as a flush writes a blob file
 // (aligned pieces encrypted into buffers of their own and written in order by the file's own
-// thread, see pipelined_writes.cc) and read as a blob file is read (O_DIRECT, decrypted in
-// place). The plaintext scan, the key hierarchy and the cipher are those of every store file.
+// thread, see pipelined_writes.cc). The plaintext scan, the key hierarchy and the cipher are
+// those of every store file. Reads are in Rust (extent_io.rs), which opens the same header.
 //
 // The writer's appends are asynchronous: `wait` returns once every append is in the file (or
 // the first failure), `sync` also makes it durable. A reader reads only what a `wait` returned
@@ -24,7 +24,6 @@
 using ROCKSDB_NAMESPACE::Env;
 using ROCKSDB_NAMESPACE::FileOptions;
 using ROCKSDB_NAMESPACE::FileSystem;
-using ROCKSDB_NAMESPACE::FSRandomAccessFile;
 using ROCKSDB_NAMESPACE::FSWritableFile;
 using ROCKSDB_NAMESPACE::IOOptions;
 using ROCKSDB_NAMESPACE::IOStatus;
@@ -165,38 +164,4 @@ int tenantfs_extent_writer_close(void* writer, char** err) {
   return s.ok() ? 0 : Fail(s, err);
 }
 
-// Opens the extent file at `path` for reads; null and *err set on failure.
-void* tenantfs_extent_reader_open(const rocksdb_env_t* env, const char* path, int direct,
-                                  char** err) {
-  FileOptions options;
-  options.use_direct_reads = direct != 0;
-  std::unique_ptr<FSRandomAccessFile> file;
-  IOStatus s = FileSystemOf(env)->NewRandomAccessFile(path, options, &file, nullptr);
-  if (!s.ok()) {
-    Fail(s, err);
-    return nullptr;
-  }
-  return file.release();
-}
-
-// Reads and decrypts buf[0..len) from `offset` of the file's body; with O_DIRECT, offset, len
-// and buf are 4 KiB aligned. Returns the bytes read (fewer at the end of the file), or -1 and
-// *err.
-int64_t tenantfs_extent_reader_read(void* reader, uint64_t offset, size_t len, char* buf,
-                                    char** err) {
-  auto* file = static_cast<FSRandomAccessFile*>(reader);
-  Slice result;
-  IOStatus s = file->Read(offset, len, IOOptions(), &result, buf, nullptr);
-  if (!s.ok()) {
-    return Fail(s, err);
-  }
-  if (result.data() != buf) {
-    memmove(buf, result.data(), result.size());
-  }
-  return static_cast<int64_t>(result.size());
-}
-
-void tenantfs_extent_reader_close(void* reader) {
-  delete static_cast<FSRandomAccessFile*>(reader);
-}
 }

@@ -1,11 +1,15 @@
-//! The extent files' bytes through the store's encrypted Env (`extent_files.cc`): an appender
-//! whose writes are encrypted and written asynchronously, a reader that decrypts, and the
-//! aligned buffer O_DIRECT reads need. All the FFI and raw memory of the extent files is here.
+//! The extent files' bytes: an appender whose writes go through the store's encrypted Env
+//! (`extent_files.cc`), encrypted and written asynchronously; a reader that decrypts what it
+//! or the FUSE ring reads; and the aligned buffer O_DIRECT reads need. All the FFI and raw
+//! memory of the extent files is here.
 
 use std::ffi::{c_char, c_void, CString};
 use std::path::Path;
 
 use librocksdb_sys as sys;
+
+use super::file_key::{self, PREFIX_LEN};
+use crate::crypto::{FileCipher, TenantKey};
 
 extern "C" {
     fn tenantfs_extent_writer_open(
@@ -25,20 +29,6 @@ extern "C" {
     fn tenantfs_extent_writer_wait(writer: *mut c_void, err: *mut *mut c_char) -> i32;
     fn tenantfs_extent_writer_sync(writer: *mut c_void, err: *mut *mut c_char) -> i32;
     fn tenantfs_extent_writer_close(writer: *mut c_void, err: *mut *mut c_char) -> i32;
-    fn tenantfs_extent_reader_open(
-        env: *const sys::rocksdb_env_t,
-        path: *const c_char,
-        direct: i32,
-        err: *mut *mut c_char,
-    ) -> *mut c_void;
-    fn tenantfs_extent_reader_read(
-        reader: *mut c_void,
-        offset: u64,
-        len: usize,
-        buf: *mut c_char,
-        err: *mut *mut c_char,
-    ) -> i64;
-    fn tenantfs_extent_reader_close(reader: *mut c_void);
 }
 
 /// The most disk space an extent file at `path` reserves ahead of its bytes at once: 1/64 of
@@ -194,38 +184,76 @@ impl Drop for Appender {
     }
 }
 
-/// An extent file open for reads.
+/// An extent file open for reads: its descriptor and the cipher of its body.
+///
+/// Read here rather than through the Env (as the appender writes): a read the FUSE ring
+/// carries out itself (`serving::DiskRead`) needs the descriptor and the body's offset in the
+/// file, and decrypts afterwards. The layout is the Env's: the file key's header
+/// (`file_key`, [`PREFIX_LEN`] bytes), then the body under the file's CTR cipher at the
+/// file's own offsets.
 pub(crate) struct Reader {
-    raw: *mut c_void,
+    file: std::fs::File,
+    /// None for a plaintext store (benchmarks), whose files have no header.
+    cipher: Option<FileCipher>,
     direct: bool,
 }
 
-// SAFETY: RocksDB's random-access files are safe for concurrent reads (pread at offsets).
-unsafe impl Send for Reader {}
-// SAFETY: as for Send.
-unsafe impl Sync for Reader {}
-
 impl Reader {
-    pub(crate) fn open(env: EnvPtr, path: &Path, direct: bool) -> Result<Self, String> {
-        let p = c_path(path)?;
-        let mut err = std::ptr::null_mut();
-        // SAFETY: as in `Appender::create`.
-        let raw =
-            unsafe { tenantfs_extent_reader_open(env.0, p.as_ptr(), i32::from(direct), &mut err) };
-        if raw.is_null() {
-            return Err(take_err(err));
-        }
-        Ok(Self { raw, direct })
+    /// Opens the extent file at `path`; with `key`, its header must open under it.
+    pub(crate) fn open(key: Option<&TenantKey>, path: &Path, direct: bool) -> Result<Self, String> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let flags = if direct { libc::O_DIRECT } else { 0 };
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(flags | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let cipher = match key {
+            None => None,
+            Some(key) => {
+                let mut prefix = AlignedBuf::new(PREFIX_LEN);
+                let n = pread_full(&file, &mut prefix[..], 0)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                if n < PREFIX_LEN {
+                    return Err(format!(
+                        "{}: {n} bytes, shorter than its file key header",
+                        path.display()
+                    ));
+                }
+                let cipher = file_key::open_prefix(key, &prefix[..]).map_err(|e| {
+                    format!(
+                        "{}: {e} (wrong key, or the file header is damaged)",
+                        path.display()
+                    )
+                })?;
+                Some(cipher)
+            }
+        };
+        Ok(Self {
+            file,
+            cipher,
+            direct,
+        })
     }
 
-    /// Reads and decrypts `len` bytes from `offset` (both aligned, for O_DIRECT) into the
-    /// start of `buf`; the count read (short at the end of the file).
+    /// Reads and decrypts `len` bytes from `offset` of the body (both aligned, for O_DIRECT)
+    /// into the start of `buf`; the count read (short at the end of the file).
     pub(crate) fn read(
         &self,
         offset: u64,
         buf: &mut AlignedBuf,
         len: usize,
     ) -> Result<usize, String> {
+        let at = self.check(offset, buf, len)?;
+        let n = pread_full(&self.file, &mut buf[..len], at).map_err(|e| e.to_string())?;
+        self.decrypt(offset, &mut buf[..n]);
+        Ok(n)
+    }
+
+    /// Where the body's bytes from `offset` lie in the file, for a read of `len` into `buf`
+    /// that another carries out ([`Self::decrypt`] after it); an error if the read is not
+    /// aligned for O_DIRECT or does not fit the buffer.
+    pub(crate) fn check(&self, offset: u64, buf: &AlignedBuf, len: usize) -> Result<u64, String> {
         if len > buf.len()
             || (self.direct && !(offset.is_multiple_of(ALIGN as u64) && len.is_multiple_of(ALIGN)))
         {
@@ -234,24 +262,45 @@ impl Reader {
                 buf.len()
             ));
         }
-        let mut err = std::ptr::null_mut();
-        // SAFETY: `raw` is live; `buf` is ALIGN-aligned and at least `len` bytes long (checked
-        // above), writable and not aliased for the call (`&mut`).
-        let n = unsafe {
-            tenantfs_extent_reader_read(self.raw, offset, len, buf.as_mut_ptr().cast(), &mut err)
-        };
-        if n < 0 {
-            return Err(take_err(err));
+        Ok(offset + self.body_start())
+    }
+
+    /// The file's descriptor, for reads carried out by another.
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.file.as_fd()
+    }
+
+    /// Decrypts `data`, read from `offset` of the body.
+    pub(crate) fn decrypt(&self, offset: u64, data: &mut [u8]) {
+        if let Some(c) = &self.cipher {
+            // The cipher runs at the file's own offsets, header included (as the Env's).
+            c.apply(offset + self.body_start(), data);
         }
-        Ok(n as usize)
+    }
+
+    fn body_start(&self) -> u64 {
+        if self.cipher.is_some() {
+            PREFIX_LEN as u64
+        } else {
+            0
+        }
     }
 }
 
-impl Drop for Reader {
-    fn drop(&mut self) {
-        // SAFETY: `raw` is live and freed exactly once, here.
-        unsafe { tenantfs_extent_reader_close(self.raw) }
+/// Reads into `buf` from `offset` until it is full or the file ends; the count read.
+fn pread_full(file: &std::fs::File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
+    Ok(done)
 }
 
 /// A zeroed byte buffer aligned to [`ALIGN`], of a length that is a multiple of it.
@@ -279,7 +328,7 @@ impl AlignedBuf {
         self.len
     }
 
-    fn as_mut_ptr(&mut self) -> *mut u8 {
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut u8 {
         self.ptr.as_ptr()
     }
 }
@@ -289,6 +338,13 @@ impl std::ops::Deref for AlignedBuf {
     fn deref(&self) -> &[u8] {
         // SAFETY: `ptr` holds `len` initialised (zeroed, then written) bytes owned by `self`.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in Deref; `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
     }
 }
 
@@ -312,6 +368,47 @@ mod tests {
         assert!(b.iter().all(|&x| x == 0));
     }
 
+    /// The reader opens what the Env's appender wrote: the header under the tenant's key, the
+    /// body at the Env's offsets; a read carried out by another (the ring's) and decrypted
+    /// after gives the same bytes; another key is refused with a clear message.
+    #[test]
+    fn encrypted_appends_read_back_through_the_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("1.ext");
+        let key = TenantKey::generate().unwrap();
+        let env = crate::store::ffi::encrypted_env(key.duplicate()).unwrap();
+        let mut w = Appender::create(EnvPtr::of(Some(&env)), &path, None, false).unwrap();
+        let data: Vec<u8> = (0..4 * ALIGN).map(|i| (i % 253) as u8).collect();
+        w.append(&data).unwrap();
+        w.close().unwrap();
+        let on_disk = std::fs::read(&path).unwrap();
+        assert_eq!(
+            on_disk.len(),
+            PREFIX_LEN + data.len(),
+            "header, then the body"
+        );
+        assert_ne!(&on_disk[PREFIX_LEN..], &data[..], "the body is encrypted");
+        let r = Reader::open(Some(&key), &path, false).unwrap();
+        let mut buf = AlignedBuf::new(2 * ALIGN);
+        assert_eq!(
+            r.read(ALIGN as u64, &mut buf, 2 * ALIGN).unwrap(),
+            2 * ALIGN
+        );
+        assert_eq!(&buf[..], &data[ALIGN..3 * ALIGN]);
+        // Read by another: raw bytes from where `check` says, decrypted after.
+        let at = r.check(2 * ALIGN as u64, &buf, 2 * ALIGN).unwrap();
+        let mut raw = on_disk[at as usize..at as usize + 2 * ALIGN].to_vec();
+        r.decrypt(2 * ALIGN as u64, &mut raw);
+        assert_eq!(&raw[..], &data[2 * ALIGN..]);
+        let other = TenantKey::generate().unwrap();
+        let e = Reader::open(Some(&other), &path, false).err().unwrap();
+        assert!(e.contains("wrong key"), "{e}");
+        let short = dir.path().join("2.ext");
+        std::fs::write(&short, b"TFSFILE1").unwrap();
+        let e = Reader::open(Some(&key), &short, false).err().unwrap();
+        assert!(e.contains("shorter than its file key header"), "{e}");
+    }
+
     #[test]
     fn appends_read_back_through_the_default_file_system() {
         let dir = tempfile::tempdir().unwrap();
@@ -320,7 +417,7 @@ mod tests {
         let data: Vec<u8> = (0..3 * ALIGN).map(|i| (i % 251) as u8).collect();
         w.append(&data).unwrap();
         w.wait().unwrap();
-        let r = Reader::open(EnvPtr::of(None), &path, false).unwrap();
+        let r = Reader::open(None, &path, false).unwrap();
         let mut buf = AlignedBuf::new(2 * ALIGN);
         assert_eq!(
             r.read(ALIGN as u64, &mut buf, 2 * ALIGN).unwrap(),
@@ -343,7 +440,7 @@ mod tests {
         w.append(&data[..ALIGN]).unwrap();
         w.wait().unwrap();
         assert!(!path.exists());
-        let r = Reader::open(EnvPtr::of(None), &again, false).unwrap();
+        let r = Reader::open(None, &again, false).unwrap();
         let mut buf = AlignedBuf::new(ALIGN);
         assert_eq!(r.read(0, &mut buf, ALIGN).unwrap(), ALIGN);
         assert_eq!(&buf[..], &data[..ALIGN]);

@@ -31,6 +31,7 @@ use super::extent_span::{checksum, SpanCheck, MAX_PIECES, PIECE};
 use super::extent_span::{ExtentSpan, SpanPart};
 use super::StoreError;
 use crate::cache::RocksBlockCache;
+use crate::crypto::TenantKey;
 
 /// An extent file is closed and a new one started past this size.
 const ROLL_BYTES: u64 = 256 << 20;
@@ -70,6 +71,8 @@ pub struct ExtentFiles {
     tenant: String,
     dir: PathBuf,
     env: EnvPtr,
+    /// What the files' headers open under (None: a plaintext store).
+    key: Option<TenantKey>,
     direct: bool,
     cache: RocksBlockCache,
     /// Unique among the stores of this process: the first part of this store's cache keys
@@ -123,6 +126,7 @@ impl ExtentFiles {
         tenant: &str,
         dir: PathBuf,
         env: EnvPtr,
+        key: Option<TenantKey>,
         direct: bool,
         cache: RocksBlockCache,
     ) -> Result<Self, StoreError> {
@@ -134,6 +138,7 @@ impl ExtentFiles {
             tenant: tenant.to_owned(),
             dir,
             env,
+            key,
             direct,
             cache,
             cache_id: AtomicU64::new(NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed)),
@@ -395,12 +400,87 @@ impl ExtentFiles {
         k
     }
 
+    /// Calls `f(at, bytes)` with the bytes of `part` from a disk read the ring made for the
+    /// request answered again (`serving::with_reads`), if one holds them, checked; whether
+    /// one did.
+    fn take_made_read(&self, part: &SpanPart, f: impl FnOnce(u32, &[u8])) -> bool {
+        let s = part.span;
+        let (lo, hi) = s.cover(part.lo, part.hi);
+        crate::serving::made_reads(|reads| {
+            let found = reads
+                .iter()
+                .filter_map(|r| r.as_any().downcast_ref::<RingRead>())
+                .flat_map(|r| r.checked().map(move |p| (r, p)))
+                .find(|(_, (key, span, at, range))| {
+                    *span == s
+                        && *at <= lo
+                        && u64::from(*at) + range.len() as u64 >= u64::from(hi)
+                        && *key == self.cache_key(s.file, s.offset + u64::from(*at))
+                });
+            match found {
+                Some((r, (_, _, at, range))) => {
+                    f(*at, &r.buf[range.clone()]);
+                    true
+                }
+                None => false,
+            }
+        })
+    }
+
+    /// Whether every byte appended to file `number` is in it now (a read need not wait).
+    fn written_now(&self, number: u64) -> bool {
+        if self.open_number.load(Ordering::Acquire) != number {
+            let (lock, _) = &*self.retiring;
+            return lock.lock().unwrap_or_else(|p| p.into_inner()).0 == 0;
+        }
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.as_ref()
+            .is_none_or(|o| o.number != number || !o.unwritten)
+    }
+
+    /// The disk read of `missed` (parts, cover start and end) of `parts`, `start..end` of
+    /// file `number`, for the ring to make ([`RingRead`]).
+    fn ring_read(
+        &self,
+        parts: &[SpanPart],
+        missed: &[(usize, u32, u32)],
+        number: u64,
+        start: u64,
+        end: u64,
+    ) -> Result<RingRead, StoreError> {
+        let reader = self.reader(number)?;
+        let len = (end - start) as usize;
+        let buf = AlignedBuf::new(len);
+        let at = reader
+            .check(start, &buf, len)
+            .map_err(|d| self.error("read", number, d))?;
+        let pieces = missed
+            .iter()
+            .map(|&(i, lo, hi)| {
+                let s = parts[i].span;
+                let from = (s.offset + u64::from(lo) - start) as usize;
+                let key = self.cache_key(s.file, s.offset + u64::from(lo));
+                (key, s, lo, from..from + (hi - lo) as usize)
+            })
+            .collect();
+        Ok(RingRead {
+            reader,
+            start,
+            at,
+            len,
+            buf,
+            cache: self.cache.clone(),
+            pieces,
+            checked: Vec::new(),
+        })
+    }
+
     fn reader(&self, number: u64) -> Result<Arc<Reader>, StoreError> {
         let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(r) = readers.get(&number) {
             return Ok(Arc::clone(r));
         }
-        let r = Reader::open(self.env, &self.path(number), self.direct)
+        let r = Reader::open(self.key.as_ref(), &self.path(number), self.direct)
             .map_err(|d| self.error("read", number, d))?;
         let r = Arc::new(r);
         readers.insert(number, Arc::clone(&r));
@@ -422,7 +502,7 @@ impl ExtentFiles {
         mut f: impl FnMut(usize, &[u8]),
     ) -> Result<(), StoreError> {
         let parts: Vec<SpanPart> = spans.iter().copied().map(SpanPart::whole).collect();
-        self.fetch(&parts, true, |i, _, bytes| f(i, bytes))
+        self.fetch(&parts, true, false, |i, _, bytes| f(i, bytes))
             .map(drop)
     }
 
@@ -432,12 +512,17 @@ impl ExtentFiles {
     /// to check them). A part of a span with piece checksums costs a read of its pieces only.
     /// The caller holds [`Self::read_guard`] since it looked the spans up. Returns which
     /// parts came from the disk (by index, ascending).
+    ///
+    /// With `defer`, where the thread may hand its disk reads over (`serving::can_defer`),
+    /// a read that misses hands them over instead and fails with [`StoreError::Deferred`]:
+    /// once they are done, the same read finds its bytes in the cache.
     pub(crate) fn read_parts(
         &self,
         parts: &[SpanPart],
+        defer: bool,
         f: impl FnMut(usize, u32, &[u8]),
     ) -> Result<Vec<usize>, StoreError> {
-        self.fetch(parts, true, f)
+        self.fetch(parts, true, defer, f)
     }
 
     /// [`Self::read_parts`], caching what the disk gives only if `keep`.
@@ -445,6 +530,7 @@ impl ExtentFiles {
         &self,
         parts: &[SpanPart],
         keep: bool,
+        defer: bool,
         mut f: impl FnMut(usize, u32, &[u8]),
     ) -> Result<Vec<usize>, StoreError> {
         // Parts not in the cache: (part, cover start, cover end).
@@ -453,6 +539,9 @@ impl ExtentFiles {
             let s = p.span;
             if p.lo >= p.hi {
                 continue; // nothing asked
+            }
+            if defer && self.take_made_read(p, |at, bytes| f(i, at, bytes)) {
+                continue;
             }
             let whole = self.cache_key(s.file, s.offset);
             let hit = self.cache.with_raw(&whole, |bytes| {
@@ -483,6 +572,8 @@ impl ExtentFiles {
             (s.file, s.offset + u64::from(lo))
         };
         missed.sort_by_key(start_of);
+        // Disk reads: missed parts `at..upto`, of one file, end to end, `start..end`.
+        let mut runs: Vec<(usize, usize, u64, u64, u64)> = Vec::new();
         let mut at = 0;
         while at < missed.len() {
             let (file, start) = start_of(&missed[at]);
@@ -496,6 +587,30 @@ impl ExtentFiles {
                 end += u64::from(missed[upto].2 - missed[upto].1);
                 upto += 1;
             }
+            runs.push((at, upto, file, start, end));
+            at = upto;
+        }
+        if keep
+            && defer
+            && !runs.is_empty()
+            && crate::serving::can_defer(runs.len())
+            && runs.iter().all(|r| self.written_now(r.2))
+        {
+            let reads = runs
+                .iter()
+                .map(|&(at, upto, file, start, end)| {
+                    self.ring_read(parts, &missed[at..upto], file, start, end)
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            for read in reads {
+                crate::serving::defer(Box::new(read));
+            }
+            super::foreground::note();
+            return Err(StoreError::Deferred {
+                tenant: self.tenant.clone(),
+            });
+        }
+        for &(at, upto, file, start, end) in &runs {
             crate::serving::will_wait();
             self.wait_written(file)?;
             if keep {
@@ -552,7 +667,6 @@ impl ExtentFiles {
                 f(i, lo, bytes);
             }
             keep_read_buffer(buf);
-            at = upto;
         }
         let mut from_disk: Vec<usize> = missed.iter().map(|&(i, _, _)| i).collect();
         from_disk.sort_unstable();
@@ -601,7 +715,7 @@ impl ExtentFiles {
         mut f: impl FnMut(usize, &[u8]),
     ) -> Result<(), StoreError> {
         let parts: Vec<SpanPart> = spans.iter().copied().map(SpanPart::whole).collect();
-        self.fetch(&parts, false, |i, _, bytes| f(i, bytes))
+        self.fetch(&parts, false, false, |i, _, bytes| f(i, bytes))
             .map(drop)
     }
 
@@ -717,6 +831,70 @@ thread_local! {
 }
 
 /// A buffer of at least `len` bytes: the thread's kept one if it is large enough.
+/// A disk read of extent bytes the FUSE ring makes for a read (`serving::DiskRead`): once
+/// made, its bytes are decrypted, checked and cached, and the read, answered again, finds
+/// them there. Bytes that fail their check are not cached: the read answered again makes
+/// that disk read itself and reports the damage.
+struct RingRead {
+    reader: Arc<Reader>,
+    /// Where in the body, and in the file.
+    start: u64,
+    at: u64,
+    len: usize,
+    buf: AlignedBuf,
+    cache: RocksBlockCache,
+    /// For each part read: its cache key, its span, the first byte of the span read, and
+    /// where those bytes are in `buf`.
+    pieces: Vec<ReadPiece>,
+    /// Which pieces matched their checksums (none until the read is done).
+    checked: Vec<bool>,
+}
+
+/// A piece of a [`RingRead`]: cache key, span, first byte of the span read, place in `buf`.
+type ReadPiece = ([u8; 28], ExtentSpan, u32, std::ops::Range<usize>);
+
+impl RingRead {
+    /// The pieces read that matched their checksums.
+    fn checked(&self) -> impl Iterator<Item = &ReadPiece> {
+        self.pieces
+            .iter()
+            .zip(&self.checked)
+            .filter_map(|(p, &ok)| ok.then_some(p))
+    }
+}
+
+impl crate::serving::DiskRead for RingRead {
+    fn target(&mut self) -> (std::os::fd::RawFd, u64, *mut u8, usize) {
+        use std::os::fd::AsRawFd;
+        let fd = self.reader.fd().as_raw_fd();
+        (fd, self.at, self.buf.as_mut_ptr(), self.len)
+    }
+
+    fn done(&mut self, result: std::io::Result<usize>) {
+        if result.ok() != Some(self.len) {
+            return;
+        }
+        self.reader.decrypt(self.start, &mut self.buf[..self.len]);
+        // Cached as a read made by its thread caches them.
+        self.checked = self
+            .pieces
+            .iter()
+            .map(|(key, span, lo, range)| {
+                let bytes = &self.buf[range.clone()];
+                let ok = span.verify(*lo, bytes);
+                if ok {
+                    self.cache.insert_raw(key, bytes);
+                }
+                ok
+            })
+            .collect();
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 fn read_buffer(len: usize) -> AlignedBuf {
     match READ_BUFFER.take() {
         Some(b) if b.len() >= len => b,

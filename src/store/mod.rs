@@ -76,6 +76,10 @@ pub enum StoreError {
     NoSpace { tenant: String, detail: String },
     #[error("tenant {tenant}: cannot build the encrypted RocksDB environment")]
     Env { tenant: String },
+    /// Not a failure: the read's disk reads were handed to the thread answering it
+    /// (`serving::defer`), which answers it again once they are done.
+    #[error("tenant {tenant}: the read's disk reads are being made; it is answered again after")]
+    Deferred { tenant: String },
 }
 
 impl StoreError {
@@ -113,6 +117,11 @@ impl StoreError {
     }
 
     /// True when the store's filesystem is full.
+    /// True when the read was not answered but its disk reads handed over (`serving::defer`).
+    pub fn is_deferred(&self) -> bool {
+        matches!(self, StoreError::Deferred { .. })
+    }
+
     pub fn is_no_space(&self) -> bool {
         match self {
             StoreError::NoSpace { .. } => true,

@@ -230,6 +230,19 @@ class CountingCache final : public CacheWrapper {
     Cache::StartAsyncLookup(async_handle);
   }
 
+  // A lookup of a raw entry (extent bytes): counted as any, but the thread's lead is not
+  // given up on a miss. The caller decides whether a disk read follows, and says so itself
+  // before it waits (a read the FUSE ring makes for it waits on no thread).
+  Handle* RawLookup(const Slice& key) {
+    Handle* h = target_->BasicLookup(key, nullptr);
+    (h != nullptr ? counters_->hits : counters_->misses)
+        .fetch_add(1, std::memory_order_relaxed);
+    if (h == nullptr) {
+      thread_misses += 1;
+    }
+    return h;
+  }
+
   const CacheCounters& counters() const { return *counters_; }
 
  private:
@@ -436,7 +449,8 @@ int tenantfs_cache_raw_insert(const rocksdb_cache_t* cache, const char* key,
 void* tenantfs_cache_raw_lookup(const rocksdb_cache_t* cache, const char* key,
                                 size_t key_len, const char** data,
                                 size_t* len) {
-  Cache::Handle* h = cache->rep->BasicLookup(Slice(key, key_len), nullptr);
+  auto* counting = static_cast<CountingCache*>(cache->rep.get());
+  Cache::Handle* h = counting->RawLookup(Slice(key, key_len));
   if (h == nullptr) {
     return nullptr;
   }

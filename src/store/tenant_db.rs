@@ -144,20 +144,22 @@ impl TenantDb {
             .use_direct_io(path)
             .map_err(|source| StoreError::io(tenant, path, source))?;
         let mut opts = host.options(direct_io);
-        let env = match encryption {
+        let (env, key) = match encryption {
             Encryption::Tenant(key) => {
+                let extents_key = key.duplicate();
                 let env = super::ffi::encrypted_env(key).ok_or_else(|| StoreError::Env {
                     tenant: tenant.to_owned(),
                 })?;
                 opts.set_env(&env);
-                Some(env)
+                (Some(env), Some(extents_key))
             }
-            Encryption::PlaintextForBenchmarks => None,
+            Encryption::PlaintextForBenchmarks => (None, None),
         };
         let extents = Arc::new(ExtentFiles::open(
             tenant,
             path.join("extents"),
             EnvPtr::of(env.as_ref()),
+            key,
             direct_io,
             host.block_cache().clone(),
         )?);

@@ -525,7 +525,8 @@ impl Volume {
                     false => SpanPart::whole(span),
                 })
                 .collect();
-            let from_disk = extent_files.read_parts(&parts, |i, at, bytes| {
+            // A random read may hand its disk reads to the thread answering it; others read.
+            let from_disk = extent_files.read_parts(&parts, plan.random, |i, at, bytes| {
                 let (c, chunk_blocks) = (stored[i].0, self.chunk_blocks);
                 range.place_chunk(out, &overlaid, c, chunk_blocks, bytes, at as usize);
             })?;

@@ -12,6 +12,12 @@
 //! (`io_limits::LiveLimits::pay_ahead`), and is answered when the timeout ends with all of
 //! them. A hundred throttled mounts hold no thread.
 //!
+//! A cold read waits on the ring too: it is answered within `serving::deferring`, the store
+//! hands its disk reads over, and the entry keeps them while the ring makes them (reads of
+//! the extent files' descriptors into the reads' own buffers). When the last is done the
+//! request is answered again, from the cache they filled, making any disk read it still
+//! needs itself. Its thread never blocks and never gives up its lead.
+//!
 //! How it ends: unmounting aborts the FUSE connection; the kernel completes every registered
 //! entry (ENOTCONN), commits of replies fail, and the device reads ENODEV. The first ENODEV
 //! cancels the device's poll and starts the session's end on a thread of its own; the last
@@ -31,6 +37,7 @@ use crate::fuse::buffer::RequestBuffer;
 use crate::fuse::ops::Operations;
 use crate::fuse::{device, dispatch, wire};
 use crate::io_limits::{self, Paid};
+use crate::serving::{self, DiskRead};
 
 /// How long an entry keeps registering again while the kernel finishes INIT.
 const REGISTER_PATIENCE: Duration = Duration::from_secs(10);
@@ -61,6 +68,21 @@ pub struct Entry {
     /// Whether its last command ended for good (counted out of the connection's `live`).
     ended: bool,
     held: Held,
+    /// The disk reads the ring makes for the entry's request, each with whether it is done,
+    /// and how many are not done yet.
+    reads: Vec<(Box<dyn DiskRead>, bool)>,
+    reads_left: usize,
+    /// Its reads are done: the request's next answer takes their bytes, and makes any
+    /// other disk read it needs itself.
+    read_again: bool,
+}
+
+/// What answering an entry's request gives to submit.
+enum Next {
+    /// The command that hands its reply back, or the timeout its limits hold it on.
+    One(squeue::Entry128),
+    /// The disk reads the ring makes for it (answered again once they are done).
+    Reads(Vec<squeue::Entry128>),
 }
 
 impl Entry {
@@ -87,6 +109,9 @@ impl Entry {
                 since: None,
                 timeout: Box::new(types::Timespec::new()),
             },
+            reads: Vec::new(),
+            reads_left: 0,
+            read_again: false,
         })
     }
 }
@@ -238,6 +263,11 @@ pub fn handle(reactor: &'static Reactor, tag: Tag, c: Completion, work: &mut Wor
                 conn.entry_completed(reactor, index as usize, 0, work);
             }
         }
+        Tag::Read { slot, index, read } => {
+            if let Some(conn) = find(slot) {
+                conn.read_completed(reactor, index as usize, read, c.result, work);
+            }
+        }
         Tag::Device { slot } => {
             if let Some(conn) = find(slot) {
                 conn.device_completed(c, work);
@@ -290,10 +320,19 @@ impl Connection {
 
     fn entry_completed(&self, reactor: &Reactor, i: usize, result: i32, work: &mut Work) {
         if result == 0 {
-            let sqe = self.answer(reactor, i, work);
-            // SAFETY: as at REGISTER: the buffers outlive the command; a held request's
-            // timeout lives in its entry.
-            unsafe { reactor.push(&sqe) };
+            match self.answer(reactor, i, work) {
+                // SAFETY: as at REGISTER: the buffers outlive the command; a held request's
+                // timeout lives in its entry.
+                Next::One(sqe) => unsafe { reactor.push(&sqe) },
+                Next::Reads(reads) => {
+                    for sqe in &reads {
+                        // SAFETY: each read's buffer is its own, boxed in the entry until its
+                        // completion is taken (`read_completed`); its descriptor stays open
+                        // while the read holds its file.
+                        unsafe { reactor.push(sqe) };
+                    }
+                }
+            }
             return;
         }
         let taken = lock(&self.entries[i]).taken;
@@ -331,8 +370,8 @@ impl Connection {
 
     /// Answers the request in entry `i`, writes the reply into it, and gives the command that
     /// hands the entry back (under the one lock of the entry); or, for a request its
-    /// tenant's limits hold, the timeout it waits on.
-    fn answer(&self, reactor: &Reactor, i: usize, work: &mut Work) -> squeue::Entry128 {
+    /// tenant's limits hold, the timeout it waits on; or the disk reads it waits on.
+    fn answer(&self, reactor: &Reactor, i: usize, work: &mut Work) -> Next {
         let mut guard = lock(&self.entries[i]);
         let e = &mut *guard;
         e.taken = true;
@@ -340,15 +379,15 @@ impl Connection {
         e.commit_id = f.u64(abi::ENT_COMMIT_ID).unwrap_or(0);
         let in_len = f.u32(abi::ENT_PAYLOAD_SZ).unwrap_or(0) as usize;
         let Some(h) = wire::InHeader::parse(&e.header[..]) else {
-            return self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH);
+            return Next::One(self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH));
         };
         let limited = dispatch::limited_bytes(&h, &e.header[abi::OP_IN..abi::OP_IN + 128]);
-        let (error, len) = match limited {
+        let answered = match limited {
             // The mount is gone: its limited requests fail at once, paying and waiting for
             // nothing (the commit fails too, and the entry ends with it).
-            Some(_) if self.device_ended.load(Ordering::Acquire) => (-libc::ENOTCONN, 0),
+            Some(_) if self.device_ended.load(Ordering::Acquire) => Ok((-libc::ENOTCONN, 0)),
             Some(bytes) => match self.pay(i, e, &h, bytes) {
-                Some(timeout) => return timeout,
+                Some(timeout) => return Next::One(timeout),
                 None => {
                     if dispatch::is_long(&h, bytes) {
                         crate::serving::will_wait();
@@ -358,10 +397,75 @@ impl Connection {
             },
             None => self.dispatch(reactor, e, &h, in_len, work),
         };
+        let (error, len) = match answered {
+            Ok(answer) => answer,
+            Err(reads) => return Next::Reads(self.make_reads(i, e, reads)),
+        };
+        e.read_again = false;
         wire::put_out_header(&mut e.header[..], h.unique, error, len);
         e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
             .copy_from_slice(&(len as u32).to_le_bytes());
-        self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH)
+        Next::One(self.command_for(i, e, abi::CMD_COMMIT_AND_FETCH))
+    }
+
+    /// Keeps `reads`, which the request in entry `i`, `e`, handed over, in the entry: the
+    /// ring's commands that make them.
+    fn make_reads(
+        &self,
+        i: usize,
+        e: &mut Entry,
+        reads: Vec<Box<dyn DiskRead>>,
+    ) -> Vec<squeue::Entry128> {
+        self.ops.metrics.add_ring_disk_reads(reads.len() as u64);
+        e.reads_left = reads.len();
+        e.reads = reads.into_iter().map(|r| (r, false)).collect();
+        e.reads
+            .iter_mut()
+            .enumerate()
+            .map(|(k, (read, _))| {
+                let (fd, offset, buf, len) = read.target();
+                let tag = Tag::Read {
+                    slot: self.slot,
+                    index: i as u32,
+                    read: k as u8,
+                };
+                opcode::Read::new(types::Fd(fd), buf, len as u32)
+                    .offset(offset)
+                    .build()
+                    .user_data(tag.encode())
+                    .into()
+            })
+            .collect()
+    }
+
+    /// Disk read `k` of entry `i`'s request ended with `result`: once its last is done, the
+    /// request is answered again.
+    fn read_completed(&self, reactor: &Reactor, i: usize, k: u8, result: i32, work: &mut Work) {
+        let made = {
+            let mut guard = lock(&self.entries[i]);
+            let e = &mut *guard;
+            match e.reads.get_mut(usize::from(k)) {
+                Some((read, done @ false)) => {
+                    *done = true;
+                    read.done(match result {
+                        n if n >= 0 => Ok(n as usize),
+                        errno => Err(io::Error::from_raw_os_error(-errno)),
+                    });
+                }
+                _ => {
+                    tracing::error!(entry = i, read = k, "FUSE ring: an unknown disk read ended");
+                    return;
+                }
+            }
+            e.reads_left -= 1;
+            if e.reads_left > 0 {
+                return;
+            }
+            e.read_again = true;
+            std::mem::take(&mut e.reads)
+        };
+        let made = made.into_iter().map(|(read, _)| read).collect();
+        serving::with_reads(made, || self.entry_completed(reactor, i, 0, work));
     }
 
     /// Pays what is there of data request `h`'s tokens (`bytes`), held in entry `i`, `e`:
@@ -401,7 +505,8 @@ impl Connection {
     }
 
     /// Answers request `h` of entry `e` (its reply into the entry's payload): the
-    /// out-header's error and the reply's length.
+    /// out-header's error and the reply's length; or, for a read that missed the cache, the
+    /// disk reads it handed over (the first time it is answered).
     fn dispatch(
         &self,
         reactor: &Reactor,
@@ -409,9 +514,11 @@ impl Connection {
         h: &wire::InHeader,
         in_len: usize,
         work: &mut Work,
-    ) -> (i32, usize) {
+    ) -> Result<(i32, usize), Vec<Box<dyn DiskRead>>> {
         let metrics = &self.ops.metrics;
-        metrics.add_ring_request();
+        if !e.read_again {
+            metrics.add_ring_request();
+        }
         if !work
             .metrics
             .as_ref()
@@ -420,14 +527,24 @@ impl Connection {
             work.metrics = Some(metrics.clone());
         }
         reactor.saw_caller(h.pid);
-        dispatch::answer_or_eio(
-            &self.ops,
-            h,
-            &e.header[abi::OP_IN..abi::OP_IN + 128],
-            &mut e.payload,
-            in_len,
-            &mut work.scratch,
-        )
+        let made_here = h.opcode != wire::opcode::READ || e.read_again;
+        let mut answer = || {
+            dispatch::answer_or_eio(
+                &self.ops,
+                h,
+                &e.header[abi::OP_IN..abi::OP_IN + 128],
+                &mut e.payload,
+                in_len,
+                &mut work.scratch,
+            )
+        };
+        if made_here {
+            return Ok(answer());
+        }
+        match serving::deferring(answer) {
+            (answered, reads) if reads.is_empty() => Ok(answered),
+            (_, reads) => Err(reads),
+        }
     }
 
     fn poll_device(&self) {

@@ -6,9 +6,10 @@
 //!
 //! How: the leader waits on the io_uring, takes each completion (a request in an entry, the
 //! device being readable) and answers it itself, so a request that never waits costs no
-//! thread switch, as with a thread per queue. A request that is about to wait (the disk, an
-//! fsync, its tenant's limit or turn; see [`crate::serving`]), and a large write or copy,
-//! makes its thread give the lead to a waiting follower (a new one is started up to
+//! thread switch, as with a thread per queue. A cold read does not wait either: the ring
+//! makes its disk reads (see `connection`). A request that is about to wait (a block of its
+//! store's metadata from the disk, an fsync, its tenant's turn; see [`crate::serving`]), and
+//! a large write or copy, makes its thread give the lead to a waiting follower (a new one is started up to
 //! [`MAX_CREW`]), so the other tenants' requests on this CPU go on. A request that waits without saying so is
 //! caught by the [`watch`]: a leader that has been on one request for over [`STUCK`] and
 //! sleeps loses the lead the same way (one that is only preempted keeps it: the CPU is busy
@@ -65,8 +66,13 @@ fn now_us() -> u64 {
     START.get_or_init(Instant::now).elapsed().as_micros() as u64 + 1
 }
 
-/// The bit of a [`Tag::Resume`] (entry indexes stay below it).
+/// The bit of a [`Tag::Resume`] and a [`Tag::Read`] (entry indexes stay below them).
 const RESUME: u64 = 1 << 31;
+/// Where a [`Tag::Read`]'s number (plus one) lies: entry indexes stay below it.
+const READ_SHIFT: u32 = 27;
+/// The most disk reads one entry's request hands to the ring at once.
+pub const MAX_ENTRY_READS: usize = 15;
+const _: () = assert!(serving::MAX_DEFERRED_READS <= MAX_ENTRY_READS);
 
 /// What a completion is for: its `user_data`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +82,9 @@ pub enum Tag {
     /// The wait of the request in entry `index` of the connection in `slot` is over (a
     /// request held by its tenant's limits waits on a timeout of the ring, not on a thread).
     Resume { slot: u32, index: u32 },
+    /// Disk read `read` of the request in entry `index` of the connection in `slot` is done
+    /// (a cold read's disk reads are made by the ring, `serving::deferring`).
+    Read { slot: u32, index: u32, read: u8 },
     /// The connection's device is readable (its poll).
     Device { slot: u32 },
     /// Nothing: wakes the leader, or ends a cancel.
@@ -88,10 +97,18 @@ impl Tag {
     pub fn encode(self) -> u64 {
         match self {
             Tag::Entry { slot, index } => {
-                debug_assert!(u64::from(index) << 2 < RESUME, "entry index {index}");
+                debug_assert!(
+                    u64::from(index) << 2 < 1 << READ_SHIFT,
+                    "entry index {index}"
+                );
                 u64::from(slot) << 32 | u64::from(index) << 2
             }
             Tag::Resume { slot, index } => u64::from(slot) << 32 | RESUME | u64::from(index) << 2,
+            Tag::Read { slot, index, read } => {
+                debug_assert!(usize::from(read) < MAX_ENTRY_READS, "read {read}");
+                let read = (u64::from(read) + 1) << READ_SHIFT;
+                u64::from(slot) << 32 | RESUME | read | u64::from(index) << 2
+            }
             Tag::Device { slot } => u64::from(slot) << 32 | 1,
             Tag::Wake => 2,
             Tag::Bell => 3,
@@ -100,8 +117,14 @@ impl Tag {
 
     pub fn decode(user_data: u64) -> Self {
         let slot = (user_data >> 32) as u32;
-        let index = ((user_data & !RESUME) as u32) >> 2;
+        let index = ((user_data & ((1 << READ_SHIFT) - 1)) as u32) >> 2;
+        let read = ((user_data >> READ_SHIFT) & 0xf) as u8;
         match user_data & 3 {
+            0 if user_data & RESUME != 0 && read > 0 => Tag::Read {
+                slot,
+                index,
+                read: read - 1,
+            },
             0 if user_data & RESUME != 0 => Tag::Resume { slot, index },
             0 => Tag::Entry { slot, index },
             1 => Tag::Device { slot },
@@ -619,12 +642,22 @@ mod tests {
             Tag::Entry { slot: 0, index: 0 },
             Tag::Entry {
                 slot: u32::MAX,
-                index: (1 << 29) - 1,
+                index: (1 << 25) - 1,
             },
             Tag::Resume { slot: 0, index: 0 },
             Tag::Resume {
                 slot: u32::MAX,
-                index: (1 << 29) - 1,
+                index: (1 << 25) - 1,
+            },
+            Tag::Read {
+                slot: 3,
+                index: 0,
+                read: 0,
+            },
+            Tag::Read {
+                slot: u32::MAX,
+                index: (1 << 25) - 1,
+                read: MAX_ENTRY_READS as u8 - 1,
             },
             Tag::Device { slot: 7 },
             Tag::Device { slot: u32::MAX },

@@ -15,6 +15,7 @@ use crate::common::trees::{set_xattr, write_synced, xattrs};
 
 use std::time::{Duration, Instant};
 
+mod cold_reads;
 mod crew;
 mod disk;
 mod dormant;
