@@ -35,7 +35,7 @@ fn written(name: &str) -> (Host, common::guards::Daemon, std::path::PathBuf, Vec
 
 #[test]
 fn cold_reads_over_the_ring_return_what_was_written() {
-    let (h, _d, m, data) = written("coldring");
+    let (h, mut d, m, data) = written("coldring");
     let before = mount_stats(&h, "a")["ring_disk_reads"].as_u64().unwrap();
     let f = std::fs::File::open(m.join("f")).unwrap();
     let mut buf = vec![0u8; 4096];
@@ -57,11 +57,12 @@ fn cold_reads_over_the_ring_return_what_was_written() {
         read["calls"].as_u64().unwrap() < READS + made / 2,
         "reads answered again are counted twice: {st}"
     );
+    d.terminate_cleanly(&[&m]);
 }
 
 #[test]
 fn a_damaged_extent_read_by_the_ring_fails_with_eio_and_never_with_other_bytes() {
-    let (h, _d, m, data) = written("coldringdamage");
+    let (h, mut d, m, data) = written("coldringdamage");
     let files: Vec<std::path::PathBuf> = common::files_under(h.root())
         .into_iter()
         .filter(|p| p.extension().is_some_and(|e| e == "ext"))
@@ -117,4 +118,5 @@ fn a_damaged_extent_read_by_the_ring_fails_with_eio_and_never_with_other_bytes()
     // The mount serves on.
     std::fs::write(m.join("g"), b"after").unwrap();
     assert_eq!(std::fs::read(m.join("g")).unwrap(), b"after");
+    d.terminate_cleanly(&[&m]);
 }
