@@ -130,6 +130,25 @@ impl Drop for Turn<'_> {
     }
 }
 
+impl Turn<'_> {
+    /// The turn of a request answered again: its service began at `since`, at its first
+    /// answer (whose turn was [`Self::uncharged`]), and the wait between is charged too.
+    pub fn counted_from(mut self, since: Instant) -> Self {
+        if let Some((_, _, admitted)) = &mut self.queue {
+            *admitted = (*admitted).min(since);
+        }
+        self
+    }
+
+    /// Ends the turn without charging its time: the request is answered again later, and
+    /// its whole service charged then ([`Self::counted_from`]).
+    pub fn uncharged(mut self) {
+        if let Some((q, share, _)) = self.queue.take() {
+            q.leave(share, Duration::ZERO);
+        }
+    }
+}
+
 impl Default for FairShare {
     fn default() -> Self {
         Self::new()
@@ -277,6 +296,30 @@ mod tests {
             "weight 3 of 4 got {share:.3} of {} turns",
             light + heavy
         );
+        assert!(q.lock().tenants.values().all(|t| t.busy == 0));
+    }
+
+    /// A request answered twice (its disk reads made by the ring between) is charged once,
+    /// from its first answer to its second: the wait between is its service too.
+    #[test]
+    fn a_request_answered_again_is_charged_from_its_first_answer() {
+        let q = FairShare::new();
+        q.engage();
+        let s = Share::new(None);
+        let time = |q: &FairShare| q.lock().tenants[&s.id].time;
+        let first = Instant::now();
+        q.enter(&s).uncharged();
+        let after_first = time(&q);
+        std::thread::sleep(Duration::from_millis(20));
+        drop(q.enter(&s).counted_from(first));
+        let charged = time(&q) - after_first;
+        assert!(
+            charged >= 20_000_000,
+            "the wait between the answers was not charged: {charged} ns"
+        );
+        let before = time(&q);
+        q.enter(&s).uncharged();
+        assert!(time(&q) - before <= 1, "an uncharged turn costs nothing");
         assert!(q.lock().tenants.values().all(|t| t.busy == 0));
     }
 

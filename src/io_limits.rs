@@ -375,7 +375,7 @@ impl LiveLimits {
     /// Waits until a data request of `bytes` is within the limits (unless paid ahead), then
     /// for its turn among the busy tenants' requests; the wait is recorded in `metrics` as
     /// throttled time (not the request's own). The turn is held while the request is served.
-    pub fn admit(&self, bytes: u64, metrics: &MountMetrics) -> Turn<'_> {
+    pub fn admit<'a>(&'a self, bytes: u64, metrics: &MountMetrics) -> Turn<'a> {
         let paid = PAID_AHEAD.replace(false);
         let throttle = if paid {
             None
@@ -387,8 +387,13 @@ impl LiveLimits {
                 .clone()
         };
         let queue = fair_share::host();
+        // A request answered again is charged from its first answer (`serving::with_reads`).
+        let from_first = |turn: Turn<'a>| match crate::serving::answering_since() {
+            Some(since) => turn.counted_from(since),
+            None => turn,
+        };
         if throttle.is_none() && !queue.is_engaged() {
-            return queue.enter(&self.share);
+            return from_first(queue.enter(&self.share));
         }
         let t = Instant::now();
         if let Some(t) = &throttle {
@@ -396,7 +401,7 @@ impl LiveLimits {
         }
         let turn = queue.enter(&self.share);
         metrics.record_throttled(t.elapsed());
-        turn
+        from_first(turn)
     }
 }
 

@@ -200,11 +200,6 @@ impl MountMetrics {
     /// Records one FUSE request (any opcode) whose answer started at `start` and is ready.
     pub fn record_request(&self, start: Instant) {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        self.add_busy(start);
-    }
-
-    /// Counts the time since `start` as spent answering requests.
-    pub fn add_busy(&self, start: Instant) {
         self.busy_ns
             .fetch_add(start.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }

@@ -72,30 +72,44 @@ pub trait DiskRead: Send {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// The disk reads made for a request answered again, and when its first answer began.
+type Made = Option<(Vec<Box<dyn DiskRead>>, std::time::Instant)>;
+
 thread_local! {
     static DEFERRED: RefCell<Option<Vec<Box<dyn DiskRead>>>> = const { RefCell::new(None) };
-    static MADE: RefCell<Vec<Box<dyn DiskRead>>> = const { RefCell::new(Vec::new()) };
+    static MADE: RefCell<Made> = const { RefCell::new(None) };
 }
 
-/// Runs `f`, which answers again a request whose disk reads `reads` are done: their bytes
-/// are there for it ([`made_reads`]). Nothing is deferred within.
-pub fn with_reads<R>(reads: Vec<Box<dyn DiskRead>>, f: impl FnOnce() -> R) -> R {
-    /// Drops the reads after `f`, also when it panics.
-    struct Clear;
-    impl Drop for Clear {
+/// Runs `f`, which answers again a request whose first answer began at `since` and whose
+/// disk reads `reads` are done: their bytes are there for it ([`made_reads`]), and its time
+/// counts from `since` ([`answering_since`]). Nothing is deferred within.
+pub fn with_reads<R>(
+    reads: Vec<Box<dyn DiskRead>>,
+    since: std::time::Instant,
+    f: impl FnOnce() -> R,
+) -> R {
+    /// Puts the outer reads back after `f` (dropping these), also when it panics.
+    struct Restore(Made);
+    impl Drop for Restore {
         fn drop(&mut self) {
-            drop(MADE.with(|m| m.take()));
+            let outer = self.0.take();
+            drop(MADE.with(|m| m.replace(outer)));
         }
     }
-    MADE.with(|m| *m.borrow_mut() = reads);
-    let _clear = Clear;
+    let _restore = Restore(MADE.with(|m| m.replace(Some((reads, since)))));
     f()
 }
 
 /// Calls `f` with the disk reads made for the request being answered again ([`with_reads`]):
 /// none elsewhere.
 pub fn made_reads<R>(f: impl FnOnce(&[Box<dyn DiskRead>]) -> R) -> R {
-    MADE.with(|m| f(&m.borrow()))
+    MADE.with(|m| f(m.borrow().as_ref().map_or(&[], |(reads, _)| &reads[..])))
+}
+
+/// When the first answer of the request being answered again began ([`with_reads`]): its
+/// time, what its tenant's turn is charged, and its latency count from then.
+pub fn answering_since() -> Option<std::time::Instant> {
+    MADE.with(|m| m.borrow().as_ref().map(|(_, since)| *since))
 }
 
 /// Runs `f`, which answers a request whose disk reads the calling thread will carry out
@@ -180,10 +194,24 @@ mod tests {
             })
         };
         assert!(offsets().is_empty());
-        let seen = with_reads(vec![Box::new(Noted(4)), Box::new(Noted(9))], offsets);
-        assert_eq!(seen, [4, 9]);
+        let since = std::time::Instant::now();
+        assert_eq!(answering_since(), None);
+        let seen = with_reads(vec![Box::new(Noted(4)), Box::new(Noted(9))], since, || {
+            assert_eq!(answering_since(), Some(since));
+            let inner = with_reads(vec![Box::new(Noted(5))], since, offsets);
+            assert_eq!(inner, [5]);
+            offsets()
+        });
+        assert_eq!(
+            seen,
+            [4, 9],
+            "the outer reads are back after an inner answer"
+        );
         assert!(offsets().is_empty(), "dropped after the answer");
-        let _ = std::panic::catch_unwind(|| with_reads(vec![Box::new(Noted(1))], || panic!("x")));
+        assert_eq!(answering_since(), None);
+        let _ = std::panic::catch_unwind(|| {
+            with_reads(vec![Box::new(Noted(1))], since, || panic!("x"))
+        });
         assert!(offsets().is_empty(), "dropped after a panic too");
     }
 

@@ -24,14 +24,13 @@ pub fn answer_or_eio(
     in_len: usize,
     scratch: &mut Vec<u8>,
 ) -> (i32, usize) {
-    let start = Instant::now();
+    // A request answered again (its disk reads made by the ring) counts from its first answer.
+    let start = crate::serving::answering_since().unwrap_or_else(Instant::now);
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         answer(ops, h, op_in, payload, in_len, scratch)
     }));
-    if crate::serving::deferred_any() {
-        // Answered again once its disk reads are done, and counted then.
-        ops.metrics.add_busy(start);
-    } else {
+    if !crate::serving::deferred_any() {
+        // (One that handed its disk reads over is counted when it is answered again.)
         ops.metrics.record_request(start);
     }
     // A buffer grown by an unusually large read is not kept.

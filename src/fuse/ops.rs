@@ -429,14 +429,16 @@ impl Operations {
         size: u32,
         out: &mut Vec<u8>,
     ) -> Result<(), Errno> {
-        let _turn = self.admit(size.into());
-        let t = Instant::now();
+        let turn = self.admit(size.into());
+        // A read answered again (its disk reads made by the ring) counts from its first answer.
+        let t = crate::serving::answering_since().unwrap_or_else(Instant::now);
         if offset == 0 {
             self.warm_after(ino);
         }
         let r = self.vol("read", |v| v.read_into(ino, offset, size, out));
         if matches!(&r, Err(VolumeError::Store(e)) if e.is_deferred()) {
-            // Counted when it is answered again, once its disk reads are done.
+            // Counted, and its turn charged, when it is answered again.
+            turn.uncharged();
             return Err(Errno::EAGAIN);
         }
         self.metrics.record(Op::Read, t, r.is_ok());

@@ -336,12 +336,21 @@ impl ExtentFiles {
             return Ok(());
         }
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(o) = open.as_mut().filter(|o| o.number == number && o.unwritten) {
-            if let Err(d) = o.appender.wait() {
-                *open = None;
-                return Err(self.error("write", number, d));
+        match open.as_mut() {
+            Some(o) if o.number == number => {
+                if o.unwritten {
+                    if let Err(d) = o.appender.wait() {
+                        *open = None;
+                        return Err(self.error("write", number, d));
+                    }
+                    o.unwritten = false;
+                }
             }
-            o.unwritten = false;
+            // It rolled over since `open_number` was read: written whole once its close is.
+            _ => {
+                drop(open);
+                drop(self.retired_wait());
+            }
         }
         Ok(())
     }
@@ -428,14 +437,17 @@ impl ExtentFiles {
     }
 
     /// Whether every byte appended to file `number` is in it now (a read need not wait).
+    /// Never waits: a lock held by another (an append, a sync) counts as not written.
     fn written_now(&self, number: u64) -> bool {
-        if self.open_number.load(Ordering::Acquire) != number {
-            let (lock, _) = &*self.retiring;
-            return lock.lock().unwrap_or_else(|p| p.into_inner()).0 == 0;
+        let Ok(open) = self.open.try_lock() else {
+            return false;
+        };
+        if let Some(o) = open.as_ref().filter(|o| o.number == number) {
+            return !o.unwritten;
         }
-        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.as_ref()
-            .is_none_or(|o| o.number != number || !o.unwritten)
+        drop(open);
+        // Not the open file: written whole unless a close is still writing it.
+        self.retiring.0.try_lock().is_ok_and(|r| r.0 == 0)
     }
 
     /// The disk read of `missed` (parts, cover start and end) of `parts`, `start..end` of
@@ -448,7 +460,9 @@ impl ExtentFiles {
         start: u64,
         end: u64,
     ) -> Result<RingRead, StoreError> {
-        let reader = self.reader(number)?;
+        let reader = self
+            .open_reader(number)
+            .ok_or_else(|| self.error("read", number, "not open".into()))?;
         let len = (end - start) as usize;
         let buf = AlignedBuf::new(len);
         let at = reader
@@ -473,6 +487,12 @@ impl ExtentFiles {
             pieces,
             checked: Vec::new(),
         })
+    }
+
+    /// File `number`'s reader if it is open already, without waiting for the lock of the
+    /// readers (opening one reads its header from the disk).
+    fn open_reader(&self, number: u64) -> Option<Arc<Reader>> {
+        self.readers.try_lock().ok()?.get(&number).cloned()
     }
 
     fn reader(&self, number: u64) -> Result<Arc<Reader>, StoreError> {
@@ -594,7 +614,9 @@ impl ExtentFiles {
             && defer
             && !runs.is_empty()
             && crate::serving::can_defer(runs.len())
-            && runs.iter().all(|r| self.written_now(r.2))
+            && runs
+                .iter()
+                .all(|r| self.written_now(r.2) && self.open_reader(r.2).is_some())
         {
             let reads = runs
                 .iter()

@@ -21,6 +21,7 @@ use super::codec::{
     chunk_key, decode_chunk, decode_extent, decode_extent_key, extent_key, lookup_keys,
     private_extent, stored_chunk, xattr_key, Chunk, Extent, ExtentKey,
 };
+use super::readahead::Plan;
 use super::{
     now, privileges, usage, Attr, Clearing, Fallocate, FileKind, Result, Volume, VolumeError,
     MULTI_GET_BLOCKS, UNLOGGED_WRITE_MIN,
@@ -417,7 +418,12 @@ impl Volume {
         let bs = self.block_size;
         let first = offset / bs;
         let last = (end - 1) / bs;
-        let plan = self.readahead.plan(ino, offset, end, attr.size);
+        // A read answered again (its disk reads made by the ring) was random the first time,
+        // and the streams' state has moved on since: it is planned as such, and moves nothing.
+        let plan = match crate::serving::answering_since() {
+            Some(_) => Plan::random(end),
+            None => self.readahead.plan(ino, offset, end, attr.size),
+        };
         if let Some((from, to)) = plan.background {
             self.readahead
                 .fetch(&self.tenant, ino, from, to, bs, self.chunk_blocks);

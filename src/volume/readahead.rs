@@ -59,6 +59,17 @@ pub(crate) struct Plan {
     pub random: bool,
 }
 
+impl Plan {
+    /// A random read's plan: no more than it asks, nothing in the background.
+    pub(crate) fn random(end: u64) -> Self {
+        Plan {
+            sync_end: end,
+            background: None,
+            random: true,
+        }
+    }
+}
+
 /// Per-volume stream positions and background fetches.
 #[derive(Default)]
 pub(crate) struct Readahead {
@@ -91,11 +102,7 @@ impl Readahead {
             // Random access: no read-ahead until the reader runs sequentially again.
             s.ahead = end;
             s.window = FIRST_WINDOW;
-            return Plan {
-                sync_end: end,
-                background: None,
-                random: true,
-            };
+            return Plan::random(end);
         }
         if offset == 0 {
             s.window = FIRST_WINDOW;

@@ -75,6 +75,8 @@ pub struct Entry {
     /// Its reads are done: the request's next answer takes their bytes, and makes any
     /// other disk read it needs itself.
     read_again: bool,
+    /// When the answer that handed the reads over began.
+    first_answer: Option<Instant>,
 }
 
 /// What answering an entry's request gives to submit.
@@ -112,6 +114,7 @@ impl Entry {
             reads: Vec::new(),
             reads_left: 0,
             read_again: false,
+            first_answer: None,
         })
     }
 }
@@ -417,6 +420,10 @@ impl Connection {
         reads: Vec<Box<dyn DiskRead>>,
     ) -> Vec<squeue::Entry128> {
         self.ops.metrics.add_ring_disk_reads(reads.len() as u64);
+        debug_assert!(
+            e.reads.is_empty(),
+            "reads in flight would lose their buffers"
+        );
         e.reads_left = reads.len();
         e.reads = reads.into_iter().map(|r| (r, false)).collect();
         e.reads
@@ -462,10 +469,12 @@ impl Connection {
                 return;
             }
             e.read_again = true;
-            std::mem::take(&mut e.reads)
+            let since = e.first_answer.take().unwrap_or_else(Instant::now);
+            (std::mem::take(&mut e.reads), since)
         };
+        let (made, since) = made;
         let made = made.into_iter().map(|(read, _)| read).collect();
-        serving::with_reads(made, || self.entry_completed(reactor, i, 0, work));
+        serving::with_reads(made, since, || self.entry_completed(reactor, i, 0, work));
     }
 
     /// Pays what is there of data request `h`'s tokens (`bytes`), held in entry `i`, `e`:
@@ -541,9 +550,13 @@ impl Connection {
         if made_here {
             return Ok(answer());
         }
+        let started = Instant::now();
         match serving::deferring(answer) {
             (answered, reads) if reads.is_empty() => Ok(answered),
-            (_, reads) => Err(reads),
+            (_, reads) => {
+                e.first_answer = Some(started);
+                Err(reads)
+            }
         }
     }
 

@@ -57,6 +57,7 @@ fn cold_reads_over_the_ring_return_what_was_written() {
         read["calls"].as_u64().unwrap() < READS + made / 2,
         "reads answered again are counted twice: {st}"
     );
+    drop(f);
     d.terminate_cleanly(&[&m]);
 }
 
@@ -118,5 +119,6 @@ fn a_damaged_extent_read_by_the_ring_fails_with_eio_and_never_with_other_bytes()
     // The mount serves on.
     std::fs::write(m.join("g"), b"after").unwrap();
     assert_eq!(std::fs::read(m.join("g")).unwrap(), b"after");
+    drop(f);
     d.terminate_cleanly(&[&m]);
 }
