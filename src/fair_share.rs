@@ -34,7 +34,7 @@ pub const MAX_WEIGHT: u32 = 10_000;
 /// of service at the default weight (virtual time is nanoseconds at the default weight).
 pub const LAG: u64 = 200_000;
 /// A held request looks again after this long.
-const RECHECK: Duration = Duration::from_micros(50);
+pub const RECHECK: Duration = Duration::from_micros(50);
 
 /// One tenant mount's place in the queue: its weight and virtual time.
 #[derive(Debug)]
@@ -117,7 +117,9 @@ pub fn host() -> &'static FairShare {
 }
 
 /// A request's turn: held while it is served; its service time is charged when it drops.
+/// (The default turn is none: nothing is charged.)
 #[must_use]
+#[derive(Default)]
 pub struct Turn<'a> {
     queue: Option<(&'a FairShare, &'a Share, Instant)>,
 }
@@ -178,46 +180,60 @@ impl FairShare {
 
     /// Waits for the turn of a request of `share`; the time held is the caller's to count.
     pub fn enter<'a>(&'a self, share: &'a Share) -> Turn<'a> {
-        if !self.is_engaged() {
-            return Turn { queue: None };
-        }
         let mut held = false;
         loop {
-            {
-                let mut state = self.lock();
-                let State { tenants, clock } = &mut *state;
-                let now = Instant::now();
-                let least_other = tenants
-                    .iter()
-                    .filter(|(id, t)| **id != share.id && t.is_busy(now))
-                    .map(|(_, t)| t.time)
-                    .min();
-                let me = tenants.entry(share.id).or_default();
-                if !me.is_busy(now) && !held {
-                    // Busy again: from the least advanced busy tenant's time (the clock when
-                    // none is), never behind.
-                    me.time = me.time.max(least_other.unwrap_or(*clock));
-                }
-                match least_other {
-                    Some(least) if me.time > least + LAG => {
-                        if !held {
-                            me.busy += 1;
-                            held = true;
-                        }
-                    }
-                    _ => {
-                        if !held {
-                            me.busy += 1;
-                        }
-                        *clock = (*clock).max(me.time);
-                        return Turn {
-                            queue: Some((self, share, now)),
-                        };
-                    }
-                }
+            if let Some(turn) = self.try_enter(share, &mut held) {
+                return turn;
             }
             crate::serving::will_wait();
             std::thread::sleep(RECHECK);
+        }
+    }
+
+    /// The turn of a request of `share` if it may be served now; else `None`: the request
+    /// is held (counted busy once, `held` set), and tries again after [`RECHECK`] with the
+    /// same `held`, or is given up with [`Self::let_go`]. A thread that can wait without
+    /// blocking (the FUSE ring, on a timeout) holds requests this way.
+    pub fn try_enter<'a>(&'a self, share: &'a Share, held: &mut bool) -> Option<Turn<'a>> {
+        if !self.is_engaged() {
+            return Some(Turn { queue: None });
+        }
+        let mut state = self.lock();
+        let State { tenants, clock } = &mut *state;
+        let now = Instant::now();
+        let least_other = tenants
+            .iter()
+            .filter(|(id, t)| **id != share.id && t.is_busy(now))
+            .map(|(_, t)| t.time)
+            .min();
+        let me = tenants.entry(share.id).or_default();
+        if !me.is_busy(now) && !*held {
+            // Busy again: from the least advanced busy tenant's time (the clock when none
+            // is), never behind.
+            me.time = me.time.max(least_other.unwrap_or(*clock));
+        }
+        if !*held {
+            me.busy += 1;
+        }
+        match least_other {
+            Some(least) if me.time > least + LAG => {
+                *held = true;
+                None
+            }
+            _ => {
+                *held = false;
+                *clock = (*clock).max(me.time);
+                Some(Turn {
+                    queue: Some((self, share, now)),
+                })
+            }
+        }
+    }
+
+    /// A request held for its turn ([`Self::try_enter`]) is given up: it is not busy any more.
+    pub fn let_go(&self, share: &Share) {
+        if let Some(t) = self.lock().tenants.get_mut(&share.id) {
+            t.busy = t.busy.saturating_sub(1);
         }
     }
 
@@ -297,6 +313,39 @@ mod tests {
             light + heavy
         );
         assert!(q.lock().tenants.values().all(|t| t.busy == 0));
+    }
+
+    /// A request held without a thread (`try_enter`) is counted busy once however often it
+    /// looks, gets its turn once the other catches up, and a request given up (`let_go`)
+    /// leaves its tenant idle.
+    #[test]
+    fn a_request_held_without_a_thread_is_counted_once_and_let_go() {
+        let q = FairShare::new();
+        q.engage();
+        let (a, b) = (Share::new(None), Share::new(None));
+        let busy = |q: &FairShare, s: &Share| q.lock().tenants[&s.id].busy;
+        // b is busy; a served 1 ms beyond it.
+        let b_turn = q.enter(&b);
+        drop(
+            q.enter(&a)
+                .counted_from(Instant::now() - Duration::from_millis(1)),
+        );
+        let mut held = false;
+        for _ in 0..3 {
+            assert!(q.try_enter(&a, &mut held).is_none(), "a is ahead: held");
+            assert!(held);
+        }
+        assert_eq!(busy(&q, &a), 1, "counted busy once, however often it looks");
+        q.let_go(&a);
+        assert_eq!(busy(&q, &a), 0, "given up: not busy");
+        // b catches up (served 2 ms): a's next request gets its turn, and resets `held`.
+        drop(b_turn.counted_from(Instant::now() - Duration::from_millis(2)));
+        let mut held = true;
+        q.lock().tenants.get_mut(&a.id).unwrap().busy = 1; // as held, not yet let go
+        let turn = q.try_enter(&a, &mut held).expect("its turn");
+        assert!(!held);
+        drop(turn);
+        assert_eq!(busy(&q, &a), 0);
     }
 
     /// A request answered twice (its disk reads made by the ring between) is charged once,

@@ -304,16 +304,17 @@ pub struct Paid {
 }
 
 thread_local! {
-    /// Set while a request whose tokens were paid ahead is answered: its admission takes none.
-    static PAID_AHEAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Set while a request admitted ahead is answered: its admission takes nothing.
+    static ADMITTED_AHEAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Runs `f` (answering a request whose tokens [`LiveLimits::pay_ahead`] took) so that its
-/// admission does not take them again.
-pub fn with_paid_ahead<R>(f: impl FnOnce() -> R) -> R {
-    PAID_AHEAD.set(true);
+/// Runs `f`, answering a request admitted ahead: its tokens taken ([`LiveLimits::pay_ahead`])
+/// and its turn held by the caller ([`LiveLimits::try_turn`]), so that its admission takes
+/// neither again.
+pub fn with_admitted_ahead<R>(f: impl FnOnce() -> R) -> R {
+    ADMITTED_AHEAD.set(true);
     let r = f();
-    PAID_AHEAD.set(false);
+    ADMITTED_AHEAD.set(false);
     r
 }
 
@@ -366,7 +367,7 @@ impl LiveLimits {
     /// Takes the tokens of a data request of `bytes` that are there, going on from `paid`,
     /// without waiting: `None` once it has them all (or nothing is limited), else how long
     /// until the next are there. A transport that can hold a request without a thread (the
-    /// FUSE ring) pays this way, then answers it [`with_paid_ahead`].
+    /// FUSE ring) pays this way, then answers it [`with_admitted_ahead`].
     pub fn pay_ahead(&self, bytes: u64, paid: &mut Paid) -> Option<Duration> {
         let state = self.state.read().unwrap_or_else(|p| p.into_inner());
         state.1.as_ref()?.try_pay(bytes, paid)
@@ -375,25 +376,19 @@ impl LiveLimits {
     /// Waits until a data request of `bytes` is within the limits (unless paid ahead), then
     /// for its turn among the busy tenants' requests; the wait is recorded in `metrics` as
     /// throttled time (not the request's own). The turn is held while the request is served.
-    pub fn admit<'a>(&'a self, bytes: u64, metrics: &MountMetrics) -> Turn<'a> {
-        let paid = PAID_AHEAD.replace(false);
-        let throttle = if paid {
-            None
-        } else {
-            self.state
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .1
-                .clone()
-        };
+    pub fn admit(&self, bytes: u64, metrics: &MountMetrics) -> Turn<'_> {
+        if ADMITTED_AHEAD.replace(false) {
+            return Turn::default();
+        }
+        let throttle = self
+            .state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .1
+            .clone();
         let queue = fair_share::host();
-        // A request answered again is charged from its first answer (`serving::with_reads`).
-        let from_first = |turn: Turn<'a>| match crate::serving::answering_since() {
-            Some(since) => turn.counted_from(since),
-            None => turn,
-        };
         if throttle.is_none() && !queue.is_engaged() {
-            return from_first(queue.enter(&self.share));
+            return queue.enter(&self.share);
         }
         let t = Instant::now();
         if let Some(t) = &throttle {
@@ -401,7 +396,18 @@ impl LiveLimits {
         }
         let turn = queue.enter(&self.share);
         metrics.record_throttled(t.elapsed());
-        from_first(turn)
+        turn
+    }
+
+    /// A data request's turn among the busy tenants' if it may be served now, without
+    /// waiting (see `fair_share::FairShare::try_enter`, whose `held` this is).
+    pub fn try_turn(&self, held: &mut bool) -> Option<Turn<'_>> {
+        fair_share::host().try_enter(&self.share, held)
+    }
+
+    /// A request held for its turn ([`Self::try_turn`]) is given up.
+    pub fn let_go(&self) {
+        fair_share::host().let_go(&self.share);
     }
 }
 
@@ -443,7 +449,7 @@ mod tests {
         let mut paid = Paid::default();
         assert_eq!(limits.pay_ahead(4096, &mut paid), None);
         let start = Instant::now();
-        with_paid_ahead(|| drop(limits.admit(4096, &metrics)));
+        with_admitted_ahead(|| drop(limits.admit(4096, &metrics)));
         assert!(start.elapsed() < Duration::from_millis(500));
         assert!(limits.pay_ahead(4096, &mut Paid::default()).is_some());
     }

@@ -200,6 +200,16 @@ impl Operations {
         self.limits.pay_ahead(bytes, paid)
     }
 
+    /// A data request's turn among the busy tenants', without waiting (`LiveLimits::try_turn`).
+    pub(crate) fn try_turn(&self, held: &mut bool) -> Option<Turn<'_>> {
+        self.limits.try_turn(held)
+    }
+
+    /// A request held for its turn is given up.
+    pub(crate) fn let_go_turn(&self) {
+        self.limits.let_go()
+    }
+
     /// Waits until a data request of `bytes` is within the mount's limits, then for its turn
     /// among the busy tenants' requests (see `LiveLimits::admit`).
     fn admit(&self, bytes: u64) -> Turn<'_> {

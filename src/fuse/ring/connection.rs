@@ -10,7 +10,8 @@
 //! A data request its tenant's I/O limits hold waits on a timeout of the ring, not on a
 //! thread: its entry keeps the request, pays what tokens are there
 //! (`io_limits::LiveLimits::pay_ahead`), and is answered when the timeout ends with all of
-//! them. A hundred throttled mounts hold no thread.
+//! them. A hundred throttled mounts hold no thread. A request held for its turn among busy
+//! tenants (`fair_share`) waits the same way, looking again every `fair_share::RECHECK`.
 //!
 //! A cold read waits on the ring too: it is answered within `serving::deferring`, the store
 //! hands its disk reads over, and the entry keeps them while the ring makes them (reads of
@@ -49,6 +50,8 @@ const HOLD_MAX: Duration = Duration::from_secs(1);
 struct Held {
     unique: u64,
     paid: Paid,
+    /// Held for its turn (counted busy by the fair queue: `FairShare::try_enter`).
+    turn: bool,
     since: Option<Instant>,
     /// Read by the kernel when the timeout is submitted: boxed, it stays where it is.
     timeout: Box<types::Timespec>,
@@ -108,6 +111,7 @@ impl Entry {
             held: Held {
                 unique: 0,
                 paid: Paid::default(),
+                turn: false,
                 since: None,
                 timeout: Box::new(types::Timespec::new()),
             },
@@ -388,16 +392,35 @@ impl Connection {
         let answered = match limited {
             // The mount is gone: its limited requests fail at once, paying and waiting for
             // nothing (the commit fails too, and the entry ends with it).
-            Some(_) if self.device_ended.load(Ordering::Acquire) => Ok((-libc::ENOTCONN, 0)),
-            Some(bytes) => match self.pay(i, e, &h, bytes) {
-                Some(timeout) => return Next::One(timeout),
-                None => {
-                    if dispatch::is_long(&h, bytes) {
-                        crate::serving::will_wait();
-                    }
-                    io_limits::with_paid_ahead(|| self.dispatch(reactor, e, &h, in_len, work))
+            Some(_) if self.device_ended.load(Ordering::Acquire) => {
+                if std::mem::take(&mut e.held.turn) {
+                    self.ops.let_go_turn();
                 }
-            },
+                Ok((-libc::ENOTCONN, 0))
+            }
+            Some(bytes) => {
+                if let Some(timeout) = self.pay(i, e, &h, bytes) {
+                    return Next::One(timeout);
+                }
+                let Some(turn) = self.take_turn(e) else {
+                    let recheck = crate::fair_share::RECHECK;
+                    return Next::One(self.resume_after(i, e, recheck));
+                };
+                if dispatch::is_long(&h, bytes) {
+                    crate::serving::will_wait();
+                }
+                // Some on the second answer of a read whose disk reads the ring made.
+                let first = e.first_answer;
+                let answered =
+                    io_limits::with_admitted_ahead(|| self.dispatch(reactor, e, &h, in_len, work));
+                match (&answered, first) {
+                    // Answered again later, and charged from now then.
+                    (Err(_), _) => turn.uncharged(),
+                    (Ok(_), Some(since)) => drop(turn.counted_from(since)),
+                    (Ok(_), None) => drop(turn),
+                }
+                answered
+            }
             None => self.dispatch(reactor, e, &h, in_len, work),
         };
         let (error, len) = match answered {
@@ -405,6 +428,8 @@ impl Connection {
             Err(reads) => return Next::Reads(self.make_reads(i, e, reads)),
         };
         e.read_again = false;
+        e.first_answer = None;
+        e.reads.clear();
         wire::put_out_header(&mut e.header[..], h.unique, error, len);
         e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
             .copy_from_slice(&(len as u32).to_le_bytes());
@@ -448,7 +473,7 @@ impl Connection {
     /// Disk read `k` of entry `i`'s request ended with `result`: once its last is done, the
     /// request is answered again.
     fn read_completed(&self, reactor: &Reactor, i: usize, k: u8, result: i32, work: &mut Work) {
-        let made = {
+        {
             let mut guard = lock(&self.entries[i]);
             let e = &mut *guard;
             match e.reads.get_mut(usize::from(k)) {
@@ -469,12 +494,9 @@ impl Connection {
                 return;
             }
             e.read_again = true;
-            let since = e.first_answer.take().unwrap_or_else(Instant::now);
-            (std::mem::take(&mut e.reads), since)
-        };
-        let (made, since) = made;
-        let made = made.into_iter().map(|(read, _)| read).collect();
-        serving::with_reads(made, since, || self.entry_completed(reactor, i, 0, work));
+        }
+        // Answered again, the reads' bytes at hand (`dispatch`).
+        self.entry_completed(reactor, i, 0, work);
     }
 
     /// Pays what is there of data request `h`'s tokens (`bytes`), held in entry `i`, `e`:
@@ -489,6 +511,7 @@ impl Connection {
         let held = &mut e.held;
         if held.unique != h.unique {
             (held.unique, held.paid, held.since) = (h.unique, Paid::default(), None);
+            debug_assert!(!held.turn, "a request held for its turn was never answered");
         }
         let Some(wait) = self.ops.pay_ahead(bytes, &mut held.paid) else {
             if let Some(since) = held.since.take() {
@@ -497,20 +520,39 @@ impl Connection {
             return None;
         };
         held.since.get_or_insert_with(Instant::now);
-        let wait = wait.min(HOLD_MAX);
-        *held.timeout = types::Timespec::new()
+        Some(self.resume_after(i, e, wait.min(HOLD_MAX)))
+    }
+
+    /// The turn of the request in entry `e` among the busy tenants' requests; `None` while it
+    /// is held for it (it looks again after `fair_share::RECHECK`).
+    fn take_turn(&self, e: &mut Entry) -> Option<crate::fair_share::Turn<'_>> {
+        let turn = self.ops.try_turn(&mut e.held.turn);
+        match turn {
+            Some(_) => {
+                if let Some(since) = e.held.since.take() {
+                    self.ops.metrics.record_held(since.elapsed());
+                }
+            }
+            None => {
+                e.held.since.get_or_insert_with(Instant::now);
+            }
+        }
+        turn
+    }
+
+    /// The timeout on which the request in entry `i`, `e`, waits `wait` to be answered.
+    fn resume_after(&self, i: usize, e: &mut Entry, wait: Duration) -> squeue::Entry128 {
+        *e.held.timeout = types::Timespec::new()
             .sec(wait.as_secs())
             .nsec(wait.subsec_nanos());
         let tag = Tag::Resume {
             slot: self.slot,
             index: i as u32,
         };
-        Some(
-            opcode::Timeout::new(&*held.timeout)
-                .build()
-                .user_data(tag.encode())
-                .into(),
-        )
+        opcode::Timeout::new(&*e.held.timeout)
+            .build()
+            .user_data(tag.encode())
+            .into()
     }
 
     /// Answers request `h` of entry `e` (its reply into the entry's payload): the
@@ -537,6 +579,14 @@ impl Connection {
         }
         reactor.saw_caller(h.pid);
         let made_here = h.opcode != wire::opcode::READ || e.read_again;
+        // A read answered again has the bytes of the disk reads the ring made for it at hand.
+        let made = e.read_again.then(|| {
+            let reads: Vec<_> = std::mem::take(&mut e.reads)
+                .into_iter()
+                .map(|(read, _)| read)
+                .collect();
+            (reads, e.first_answer.unwrap_or_else(Instant::now))
+        });
         let mut answer = || {
             dispatch::answer_or_eio(
                 &self.ops,
@@ -547,6 +597,9 @@ impl Connection {
                 &mut work.scratch,
             )
         };
+        if let Some((reads, since)) = made {
+            return Ok(serving::with_reads(reads, since, answer));
+        }
         if made_here {
             return Ok(answer());
         }

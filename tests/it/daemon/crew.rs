@@ -325,3 +325,79 @@ fn ring_threads_do_not_grow_with_the_mounts() {
     let refs: Vec<&std::path::Path> = mounts.iter().map(|m| m.as_path()).collect();
     d.terminate_cleanly(&refs);
 }
+
+/// Requests held for their turn among busy tenants (weights 1 and 3, readers of both kept
+/// busy) wait on the ring, as requests held by their limits do: no crew thread sleeps for a
+/// turn (a thread that held one slept 50 us at a time, in nanosleep).
+#[test]
+fn requests_held_for_their_turn_hold_no_threads() {
+    enable_fuse_uring();
+    let h = Host::new("crewturn");
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let pid = d.0.id();
+    let mounts: Vec<_> = [("light", 100), ("heavy", 300)]
+        .iter()
+        .map(|&(n, w)| {
+            h.create_tenant(n);
+            let m = h.dir(n);
+            let opts = format!("transport=uring,weight={w}");
+            h.ok(&["mount", "-o", &opts, n, m.to_str().unwrap()]);
+            std::fs::write(m.join("f"), vec![3u8; 256 << 10]).unwrap();
+            (n, m)
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = mounts
+        .iter()
+        .flat_map(|(_, m)| (0..4).map(move |_| m.join("f")))
+        .map(|f| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let file = std::fs::File::open(f).unwrap();
+                let mut buf = vec![0u8; 64 << 10];
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    file.read_exact_at(&mut buf, (64 << 10) * (n % 4)).unwrap();
+                    n += 1;
+                }
+                n
+            })
+        })
+        .collect();
+    // What each crew thread's system call is, sampled: nanosleep (35) or clock_nanosleep (230)
+    // is a thread sleeping for a turn.
+    let (mut samples, mut sleeping) = (0, 0);
+    let end = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < end {
+        for t in super::transports::thread_dirs(pid, "fuse-ring") {
+            let Ok(call) = std::fs::read_to_string(t.join("syscall")) else {
+                continue;
+            };
+            samples += 1;
+            if matches!(call.split_whitespace().next(), Some("35" | "230")) {
+                sleeping += 1;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads: Vec<u64> = readers.into_iter().map(|r| r.join().unwrap()).collect();
+    let held_us: Vec<u64> = mounts
+        .iter()
+        .map(|(n, _)| mount_stats(&h, n)["throttled_us"].as_u64().unwrap())
+        .collect();
+    eprintln!(
+        "{sleeping} of {samples} crew thread samples asleep in nanosleep; reads {reads:?}; \
+         held us (light, heavy) {held_us:?}"
+    );
+    assert!(
+        held_us.iter().any(|&us| us > 0),
+        "no request was held for its turn: the test shows nothing"
+    );
+    assert_eq!(
+        sleeping, 0,
+        "crew threads slept for turns in {sleeping} of {samples} samples"
+    );
+    let paths: Vec<&std::path::Path> = mounts.iter().map(|(_, m)| m.as_path()).collect();
+    d.terminate_cleanly(&paths);
+}

@@ -62,7 +62,7 @@ fn python_file_io_leaves_no_warnings_and_the_mount_type_is_fuse_tenantfs() {
 }
 
 /// The /proc directories of `pid`'s threads whose name starts with `prefix`.
-fn thread_dirs(pid: u32, prefix: &str) -> Vec<std::path::PathBuf> {
+pub(super) fn thread_dirs(pid: u32, prefix: &str) -> Vec<std::path::PathBuf> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
         .unwrap()
         .flatten()
