@@ -447,8 +447,8 @@ impl Operations {
         }
         let r = self.vol("read", |v| v.read_into(ino, offset, size, out));
         if matches!(&r, Err(VolumeError::Store(e)) if e.is_deferred()) {
-            // Counted, and its turn charged, when it is answered again.
-            turn.uncharged();
+            // Counted when it is answered again (its turn is the ring's: `connection`).
+            drop(turn);
             return Err(Errno::EAGAIN);
         }
         self.metrics.record(Op::Read, t, r.is_ok());

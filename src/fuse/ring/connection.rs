@@ -78,8 +78,11 @@ pub struct Entry {
     /// Its reads are done: the request's next answer takes their bytes, and makes any
     /// other disk read it needs itself.
     read_again: bool,
-    /// When the answer that handed the reads over began.
+    /// When the answer that handed the reads over began, when it ended, and how long the
+    /// reads took from then (charged to the second answer's turn).
     first_answer: Option<Instant>,
+    deferred_at: Option<Instant>,
+    disk_wait: Duration,
 }
 
 /// What answering an entry's request gives to submit.
@@ -119,6 +122,8 @@ impl Entry {
             reads_left: 0,
             read_again: false,
             first_answer: None,
+            deferred_at: None,
+            disk_wait: Duration::ZERO,
         })
     }
 }
@@ -409,16 +414,10 @@ impl Connection {
                 if dispatch::is_long(&h, bytes) {
                     crate::serving::will_wait();
                 }
-                // Some on the second answer of a read whose disk reads the ring made.
-                let first = e.first_answer;
                 let answered =
                     io_limits::with_admitted_ahead(|| self.dispatch(reactor, e, &h, in_len, work));
-                match (&answered, first) {
-                    // Answered again later, and charged from now then.
-                    (Err(_), _) => turn.uncharged(),
-                    (Ok(_), Some(since)) => drop(turn.counted_from(since)),
-                    (Ok(_), None) => drop(turn),
-                }
+                // A second answer's turn is charged the disk wait since the first, too.
+                drop(turn.also_charged(e.disk_wait));
                 answered
             }
             None => self.dispatch(reactor, e, &h, in_len, work),
@@ -428,7 +427,7 @@ impl Connection {
             Err(reads) => return Next::Reads(self.make_reads(i, e, reads)),
         };
         e.read_again = false;
-        e.first_answer = None;
+        (e.first_answer, e.deferred_at, e.disk_wait) = (None, None, Duration::ZERO);
         e.reads.clear();
         wire::put_out_header(&mut e.header[..], h.unique, error, len);
         e.header[abi::ENT_PAYLOAD_SZ..abi::ENT_PAYLOAD_SZ + 4]
@@ -449,6 +448,7 @@ impl Connection {
             e.reads.is_empty(),
             "reads in flight would lose their buffers"
         );
+        e.deferred_at = Some(Instant::now());
         e.reads_left = reads.len();
         e.reads = reads.into_iter().map(|r| (r, false)).collect();
         e.reads
@@ -494,6 +494,7 @@ impl Connection {
                 return;
             }
             e.read_again = true;
+            e.disk_wait = e.deferred_at.map_or(Duration::ZERO, |t| t.elapsed());
         }
         // Answered again, the reads' bytes at hand (`dispatch`).
         self.entry_completed(reactor, i, 0, work);
