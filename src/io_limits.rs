@@ -312,10 +312,16 @@ thread_local! {
 /// and its turn held by the caller ([`LiveLimits::try_turn`]), so that its admission takes
 /// neither again.
 pub fn with_admitted_ahead<R>(f: impl FnOnce() -> R) -> R {
+    /// Clears the flag after `f`, also when it panics.
+    struct Clear;
+    impl Drop for Clear {
+        fn drop(&mut self) {
+            ADMITTED_AHEAD.set(false);
+        }
+    }
     ADMITTED_AHEAD.set(true);
-    let r = f();
-    ADMITTED_AHEAD.set(false);
-    r
+    let _clear = Clear;
+    f()
 }
 
 /// The limits in force on one thing that serves a tenant (a mount, a block device), their

@@ -404,8 +404,12 @@ impl Connection {
                 Ok((-libc::ENOTCONN, 0))
             }
             Some(bytes) => {
-                if let Some(timeout) = self.pay(i, e, &h, bytes) {
-                    return Next::One(timeout);
+                // Paid already when it looks again for its turn, or is answered again (paying
+                // again would take nothing, but count the time as the tenant's use).
+                if !(e.held.turn || e.read_again) {
+                    if let Some(timeout) = self.pay(i, e, &h, bytes) {
+                        return Next::One(timeout);
+                    }
                 }
                 let Some(turn) = self.take_turn(e) else {
                     let recheck = crate::fair_share::RECHECK;
@@ -531,7 +535,12 @@ impl Connection {
         match turn {
             Some(_) => {
                 if let Some(since) = e.held.since.take() {
-                    self.ops.metrics.record_held(since.elapsed());
+                    if e.read_again {
+                        // Within the time counted from the first answer already.
+                        self.ops.metrics.record_throttled(since.elapsed());
+                    } else {
+                        self.ops.metrics.record_held(since.elapsed());
+                    }
                 }
             }
             None => {
