@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 use super::extent_io::{AlignedBuf, Appender, EnvPtr, Reader, ALIGN};
 use super::extent_span::{checksum, SpanCheck, MAX_PIECES, PIECE};
 use super::extent_span::{ExtentSpan, SpanPart};
+use super::ring_read::RingRead;
 use super::StoreError;
 use crate::cache::RocksBlockCache;
 use crate::crypto::TenantKey;
@@ -415,25 +416,8 @@ impl ExtentFiles {
     fn take_made_read(&self, part: &SpanPart, f: impl FnOnce(u32, &[u8])) -> bool {
         let s = part.span;
         let (lo, hi) = s.cover(part.lo, part.hi);
-        crate::serving::made_reads(|reads| {
-            let found = reads
-                .iter()
-                .filter_map(|r| r.as_any().downcast_ref::<RingRead>())
-                .flat_map(|r| r.checked().map(move |p| (r, p)))
-                .find(|(_, (key, span, at, range))| {
-                    *span == s
-                        && *at <= lo
-                        && u64::from(*at) + range.len() as u64 >= u64::from(hi)
-                        && *key == self.cache_key(s.file, s.offset + u64::from(*at))
-                });
-            match found {
-                Some((r, (_, _, at, range))) => {
-                    f(*at, &r.buf[range.clone()]);
-                    true
-                }
-                None => false,
-            }
-        })
+        let key = |at: u32| self.cache_key(s.file, s.offset + u64::from(at));
+        RingRead::made_bytes(&s, lo, hi, key, f).is_some()
     }
 
     /// Whether every byte appended to file `number` is in it now (a read need not wait).
@@ -477,16 +461,8 @@ impl ExtentFiles {
                 (key, s, lo, from..from + (hi - lo) as usize)
             })
             .collect();
-        Ok(RingRead {
-            reader,
-            start,
-            at,
-            len,
-            buf,
-            cache: self.cache.clone(),
-            pieces,
-            checked: Vec::new(),
-        })
+        let cache = self.cache.clone();
+        Ok(RingRead::new(reader, (start, at, len), buf, cache, pieces))
     }
 
     /// File `number`'s reader if it is open already, without waiting for the lock of the
@@ -853,70 +829,6 @@ thread_local! {
 }
 
 /// A buffer of at least `len` bytes: the thread's kept one if it is large enough.
-/// A disk read of extent bytes the FUSE ring makes for a read (`serving::DiskRead`): once
-/// made, its bytes are decrypted, checked and cached, and the read, answered again, finds
-/// them there. Bytes that fail their check are not cached: the read answered again makes
-/// that disk read itself and reports the damage.
-struct RingRead {
-    reader: Arc<Reader>,
-    /// Where in the body, and in the file.
-    start: u64,
-    at: u64,
-    len: usize,
-    buf: AlignedBuf,
-    cache: RocksBlockCache,
-    /// For each part read: its cache key, its span, the first byte of the span read, and
-    /// where those bytes are in `buf`.
-    pieces: Vec<ReadPiece>,
-    /// Which pieces matched their checksums (none until the read is done).
-    checked: Vec<bool>,
-}
-
-/// A piece of a [`RingRead`]: cache key, span, first byte of the span read, place in `buf`.
-type ReadPiece = ([u8; 28], ExtentSpan, u32, std::ops::Range<usize>);
-
-impl RingRead {
-    /// The pieces read that matched their checksums.
-    fn checked(&self) -> impl Iterator<Item = &ReadPiece> {
-        self.pieces
-            .iter()
-            .zip(&self.checked)
-            .filter_map(|(p, &ok)| ok.then_some(p))
-    }
-}
-
-impl crate::serving::DiskRead for RingRead {
-    fn target(&mut self) -> (std::os::fd::RawFd, u64, *mut u8, usize) {
-        use std::os::fd::AsRawFd;
-        let fd = self.reader.fd().as_raw_fd();
-        (fd, self.at, self.buf.as_mut_ptr(), self.len)
-    }
-
-    fn done(&mut self, result: std::io::Result<usize>) {
-        if result.ok() != Some(self.len) {
-            return;
-        }
-        self.reader.decrypt(self.start, &mut self.buf[..self.len]);
-        // Cached as a read made by its thread caches them.
-        self.checked = self
-            .pieces
-            .iter()
-            .map(|(key, span, lo, range)| {
-                let bytes = &self.buf[range.clone()];
-                let ok = span.verify(*lo, bytes);
-                if ok {
-                    self.cache.insert_raw(key, bytes);
-                }
-                ok
-            })
-            .collect();
-    }
-
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-}
-
 fn read_buffer(len: usize) -> AlignedBuf {
     match READ_BUFFER.take() {
         Some(b) if b.len() >= len => b,

@@ -17,6 +17,7 @@ mod file_key;
 mod foreground;
 mod health;
 mod host;
+mod ring_read;
 mod tenant_db;
 
 use std::path::{Path, PathBuf};

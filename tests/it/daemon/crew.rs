@@ -54,6 +54,19 @@ fn rounds_during(
     (took, stall_ended - start)
 }
 
+/// A 1 MiB write to `a_dir`, kept busy 3 s by the `fuse-long-write` failpoint, beside 100
+/// rounds on tenant dir `other` (see [`rounds_during`]).
+fn long_write_beside_rounds(a_dir: &std::path::Path, other: std::path::PathBuf) {
+    let big = a_dir.join("big");
+    let (_, write_took) = rounds_during(other, move || {
+        std::fs::write(&big, vec![7u8; 1 << 20]).unwrap();
+    });
+    assert!(
+        write_took >= Duration::from_millis(2900),
+        "the failpoint did not keep the write busy ({write_took:?})"
+    );
+}
+
 /// Tenant `a` and `b` mounted over the ring through a daemon started with `env`.
 fn two_ring_mounts(
     name: &str,
@@ -114,14 +127,7 @@ fn a_long_request_holds_no_other_tenants_requests() {
         &[("FAILPOINTS", "fuse-long-write=delay(3000)")],
         "transport=uring",
     );
-    let big = ma.join("big");
-    let (_, write_took) = rounds_during(mb, move || {
-        std::fs::write(&big, vec![7u8; 1 << 20]).unwrap();
-    });
-    assert!(
-        write_took >= Duration::from_millis(2900),
-        "the failpoint did not keep the write busy ({write_took:?})"
-    );
+    long_write_beside_rounds(&ma, mb);
     assert_eq!(std::fs::read(ma.join("big")).unwrap(), vec![7u8; 1 << 20]);
     d.terminate_cleanly(&[&ma, &h.dir("b")]);
 }
@@ -143,14 +149,7 @@ fn a_long_request_over_the_dev_fuse_fallback_holds_no_other_tenants_requests() {
     })
     .join()
     .unwrap();
-    let big = ma.join("big");
-    let (_, write_took) = rounds_during(mb, move || {
-        std::fs::write(&big, vec![7u8; 1 << 20]).unwrap();
-    });
-    assert!(
-        write_took >= Duration::from_millis(2900),
-        "the failpoint did not keep the write busy ({write_took:?})"
-    );
+    long_write_beside_rounds(&ma, mb);
     for t in ["a", "b"] {
         assert_eq!(
             mount_stats(&h, t)["ring_requests"].as_u64(),
