@@ -33,6 +33,7 @@ pub mod space;
 pub mod store;
 pub mod tenant_lock;
 pub mod tenants;
+mod threads;
 pub mod ublk;
 pub mod units;
 pub mod volume;

@@ -125,21 +125,19 @@ impl UringIo {
         let token = std::sync::Arc::new(());
         #[cfg(test)]
         let alive = std::sync::Arc::downgrade(&token);
-        let thread = std::thread::Builder::new()
-            .name("tenantfs-uring".into())
-            .spawn(move || {
-                #[cfg(test)]
-                let _token = token;
-                let rt = match tokio_uring::Runtime::new(tokio_uring::builder().entries(entries)) {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(()));
-                rt.block_on(serve(rx));
-            })?;
+        let thread = crate::threads::spawn("tenantfs-uring", move || {
+            #[cfg(test)]
+            let _token = token;
+            let rt = match tokio_uring::Runtime::new(tokio_uring::builder().entries(entries)) {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let _ = ready_tx.send(Ok(()));
+            rt.block_on(serve(rx));
+        })?;
         let started = ready_rx
             .recv()
             .unwrap_or_else(|_| Err(io::Error::other("the io_uring thread ended while starting")));

@@ -269,9 +269,8 @@ impl ExtentFiles {
             }
             retiring.1.notify_all();
         };
-        let spawned = std::thread::Builder::new()
-            .name("tenantfs-extent-close".into())
-            .spawn(move || done(sync_and_close(o)));
+        let spawned =
+            crate::threads::spawn("tenantfs-extent-close", move || done(sync_and_close(o)));
         if let Err(e) = spawned {
             // The closure (and the file) came back inside the error only as a panic payload:
             // nothing to do but record it; the file's drop closed it.

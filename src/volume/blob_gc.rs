@@ -196,17 +196,15 @@ impl BlobGc {
         }
         let (running, closed) = (Arc::clone(&self.running), Arc::clone(&self.closed));
         let t = Arc::clone(tenant);
-        let spawned = std::thread::Builder::new()
-            .name(name.into())
-            .spawn(move || {
-                // A tenant in debt for its background work starts a collection once it has
-                // paid (or after `store::background::MAX_HOLD`: collections give space back);
-                // not at all if its volume closes meanwhile.
-                if t.db().background().hold(|| closed.load(Ordering::Acquire)) {
-                    job(&t);
-                }
-                running.store(false, Ordering::Release);
-            });
+        let spawned = crate::threads::spawn(name, move || {
+            // A tenant in debt for its background work starts a collection once it has
+            // paid (or after `store::background::MAX_HOLD`: collections give space back);
+            // not at all if its volume closes meanwhile.
+            if t.db().background().hold(|| closed.load(Ordering::Acquire)) {
+                job(&t);
+            }
+            running.store(false, Ordering::Release);
+        });
         match spawned {
             Ok(handle) => {
                 self.started.fetch_add(1, Ordering::Relaxed);

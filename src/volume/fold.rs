@@ -148,9 +148,7 @@ impl Folds {
                 return true;
             }
             let shared = Arc::clone(&self.shared);
-            let spawned = std::thread::Builder::new()
-                .name("tenantfs-fold".into())
-                .spawn(move || shared.work());
+            let spawned = crate::threads::spawn("tenantfs-fold", move || shared.work());
             match spawned {
                 Ok(handle) => {
                     st.running = true;

@@ -404,9 +404,11 @@ fn pool() -> &'static Pool {
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..THREADS {
             let rx = Arc::clone(&rx);
-            let spawned = std::thread::Builder::new()
-                .name(format!("tenantfs-readahead-{i}"))
-                .spawn(move || worker(&rx));
+            // No request waits on read-ahead yet: the pool runs below the threads that
+            // answer requests, so a stream's read-ahead does not take the CPU from another
+            // tenant's requests (`threads`).
+            let name = format!("tenantfs-readahead-{i}");
+            let spawned = crate::threads::spawn_below_requests(name, move || worker(&rx));
             if let Err(e) = spawned {
                 tracing::warn!(error = %e, "cannot start a read-ahead thread");
             }

@@ -708,9 +708,7 @@ impl Connection {
         let Some(end) = lock(&self.on_end).take() else {
             return;
         };
-        let started = std::thread::Builder::new()
-            .name("fuse-end".into())
-            .spawn(end);
+        let started = crate::threads::spawn("fuse-end", end);
         if let Err(e) = started {
             tracing::error!(error = %e, "cannot start a thread to end a FUSE session");
         }

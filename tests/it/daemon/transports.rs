@@ -129,12 +129,7 @@ fn a_daemon_confined_to_one_cpu_keeps_its_ring_queues_there() {
     let outside: Vec<String> = thread_dirs(pid, "")
         .iter()
         .filter_map(|t| {
-            let status = std::fs::read_to_string(t.join("status")).ok()?;
-            let cpus = status
-                .lines()
-                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?
-                .trim()
-                .to_owned();
+            let cpus = cpus_allowed(t)?;
             let name = std::fs::read_to_string(t.join("comm")).ok()?;
             (cpus != "0").then(|| format!("{} on {cpus}", name.trim()))
         })
@@ -143,6 +138,73 @@ fn a_daemon_confined_to_one_cpu_keeps_its_ring_queues_there() {
         outside.is_empty(),
         "daemon threads outside CPU 0: {outside:?}"
     );
+}
+
+/// The CPUs a thread may run on (`/proc/PID/task/TID`'s `Cpus_allowed_list`).
+fn cpus_allowed(task: &std::path::Path) -> Option<String> {
+    let status = std::fs::read_to_string(task.join("status")).ok()?;
+    let cpus = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))?;
+    Some(cpus.trim().to_owned())
+}
+
+/// A thread's nice value (field 19 of its stat).
+fn nice(task: &std::path::Path) -> i32 {
+    let stat = std::fs::read_to_string(task.join("stat")).unwrap();
+    let fields = &stat[stat.rfind(')').unwrap() + 2..];
+    fields.split(' ').nth(16).unwrap().parse().unwrap()
+}
+
+/// Threads the daemon starts while a ring thread (pinned to its CPU) answers a request run
+/// on all the daemon's CPUs, not that one: the read-ahead pool, which a stream's first read
+/// starts, kept the one CPU of the ring that started it for the daemon's life. The pool runs
+/// 10 nicer than the threads that answer requests.
+#[test]
+fn threads_started_by_a_ring_thread_run_on_all_the_daemons_cpus() {
+    enable_fuse_uring();
+    let h = Host::new("spread");
+    h.create_tenant("t");
+    let mp = h.dir("m");
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let pid = d.0.id();
+    h.ok(&["mount", "-o", "transport=uring", "t", mp.to_str().unwrap()]);
+    let f = mp.join("stream");
+    std::fs::write(&f, vec![7u8; 8 << 20]).unwrap();
+    h.ok(&["cache", "release", "4G"]);
+    let mut file = std::fs::File::open(&f).unwrap();
+    let mut buf = vec![0u8; 128 << 10];
+    while std::io::Read::read(&mut file, &mut buf).unwrap() > 0 {}
+    drop(file);
+    assert!(
+        mount_stats(&h, "t")["ring_requests"].as_u64().unwrap() > 64,
+        "the reads did not come over the ring"
+    );
+    let main = std::path::PathBuf::from(format!("/proc/{pid}/task/{pid}"));
+    let daemons = cpus_allowed(&main).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while threads_named(pid, "tenantfs-readah") == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pool = thread_dirs(pid, "tenantfs-readah");
+    assert!(!pool.is_empty(), "no read-ahead thread started");
+    let elsewhere: Vec<String> = thread_dirs(pid, "")
+        .iter()
+        .filter_map(|t| {
+            let name = std::fs::read_to_string(t.join("comm")).ok()?;
+            let cpus = cpus_allowed(t)?;
+            let ring = name.starts_with("fuse-ring");
+            (!ring && cpus != daemons).then(|| format!("{} on {cpus}", name.trim()))
+        })
+        .collect();
+    assert!(
+        elsewhere.is_empty(),
+        "threads not on the daemon's CPUs ({daemons}): {elsewhere:?}"
+    );
+    for t in &pool {
+        assert_eq!(nice(t), nice(&main) + 10, "read-ahead runs below requests");
+    }
+    d.terminate_cleanly(&[&mp]);
 }
 
 /// The CPUs the kernel makes ring queues for.
