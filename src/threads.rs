@@ -1,10 +1,10 @@
 //! Threads the daemon starts for its tenants' work behind their requests (read-ahead, folds,
-//! collections, the closes of extent files, a session's end), on every CPU the daemon was
-//! given.
+//! collections, the closes of extent files, a base's io_uring thread, a mount's end), on
+//! every CPU the daemon was given.
 //!
 //! Why: a new thread inherits the CPU affinity of the thread that starts it, and much of this
 //! work is started while a FUSE ring's crew thread answers a request, pinned to its CPU
-//! (`fuse::ring`). The read-ahead pool, started on its first use, stayed on that one CPU for
+//! (`fuse::ring`). The read-ahead pool, started on its first job, stayed on that one CPU for
 //! the daemon's life: a stream's read-ahead then shared it with the ring that answers that
 //! CPU's callers while the other CPU idled, and a quiet tenant's cached reads there fell to
 //! a few percent of their rate (BENCHMARKS.md, "A stream beside a cached set").

@@ -471,15 +471,37 @@ impl ExtentFiles {
     }
 
     fn reader(&self, number: u64) -> Result<Arc<Reader>, StoreError> {
-        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(r) = readers.get(&number) {
+        let readers = || self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = readers().get(&number) {
             return Ok(Arc::clone(r));
         }
+        // Opened outside the lock (it reads the header from the disk): a ring request
+        // looking for an open reader (`open_reader`) never waits behind it, nor behind a
+        // read-ahead thread, which runs below requests. Two opened at once: the first kept.
         let r = Reader::open(self.key.as_ref(), &self.path(number), self.direct)
             .map_err(|d| self.error("read", number, d))?;
-        let r = Arc::new(r);
-        readers.insert(number, Arc::clone(&r));
-        Ok(r)
+        Ok(Arc::clone(readers().entry(number).or_insert(Arc::new(r))))
+    }
+
+    /// Holds off reads (the write side of [`Self::read_guard`]) without queueing them: a
+    /// waiting writer of a `RwLock` makes new readers wait too, so while reads hold the
+    /// lock (a read-ahead job holds it for its whole lookup and disk read, and runs below
+    /// requests) this looks again every millisecond, and waits in the queue only after a
+    /// second of reads that never let go.
+    fn no_reads(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            match self.deleting.try_write() {
+                Ok(guard) => return guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if std::time::Instant::now() >= deadline {
+                        return self.deleting.write().unwrap_or_else(|p| p.into_inner());
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+        }
     }
 
     /// A guard to hold from before the lookup of spans until they are read: no file is
@@ -768,7 +790,7 @@ impl ExtentFiles {
         // A file still being closed in the background is not pooled or deleted under its
         // closer (which trims it at the end).
         drop(self.retired_wait());
-        let _no_reads = self.deleting.write().unwrap_or_else(|p| p.into_inner());
+        let _no_reads = self.no_reads();
         let mut gone = ExtentFileStats::default();
         for (number, bytes) in list(&self.tenant, &self.dir)? {
             if number >= horizon || live.contains_key(&number) || self.pool().contains(&number) {
