@@ -21,6 +21,7 @@
 //! whole chunk went to reading, decrypting and checksumming the 60 KiB nobody asked for.
 
 use std::collections::HashMap;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -134,7 +135,7 @@ impl ExtentFiles {
         // (The directory is made by the first append: a store that never takes a bulk write,
         // or opens on a full disk, spends no block on it.)
         let files = list(tenant, &dir)?;
-        let next = files.iter().map(|(n, _)| n + 1).max().unwrap_or(1);
+        let next = files.iter().map(|f| f.number + 1).max().unwrap_or(1);
         Ok(Self {
             tenant: tenant.to_owned(),
             dir,
@@ -200,7 +201,7 @@ impl ExtentFiles {
             let number = self.next_number.fetch_add(1, Ordering::Relaxed);
             std::fs::create_dir_all(&self.dir)
                 .map_err(|e| StoreError::io(&self.tenant, &self.dir, e))?;
-            let reuse = self.pool().pop().map(|n| self.path(n));
+            let reuse = self.reusable();
             let appender =
                 Appender::create(self.env, &self.path(number), reuse.as_deref(), self.direct)
                     .map_err(|d| self.error("write", number, d))?;
@@ -393,6 +394,24 @@ impl ExtentFiles {
         self.cache_id.store(lineage.cache_id, Ordering::Relaxed);
         self.next_number
             .fetch_max(lineage.next_number, Ordering::Relaxed);
+    }
+
+    /// A pooled file to write the next file into, if one is unshared: one linked since it
+    /// was pooled (it should not be: a snapshot links the files the store names) is let go.
+    fn reusable(&self) -> Option<PathBuf> {
+        while let Some(number) = self.pool().pop() {
+            let path = self.path(number);
+            match std::fs::metadata(&path) {
+                Ok(m) if m.nlink() == 1 => return Some(path),
+                Ok(_) => {
+                    tracing::warn!(tenant = %self.tenant, file = %path.display(),
+                                   "a pooled extent file is linked elsewhere: not written again");
+                    let _ = std::fs::remove_file(&path);
+                }
+                Err(_) => {}
+            }
+        }
+        None
     }
 
     fn pool(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
@@ -754,10 +773,10 @@ impl ExtentFiles {
     }
 
     /// The files before `horizon` that are not pooled: number and size on disk.
-    pub(crate) fn closed_before(&self, horizon: u64) -> Result<Vec<(u64, u64)>, StoreError> {
+    pub(crate) fn closed_before(&self, horizon: u64) -> Result<Vec<Listed>, StoreError> {
         let pool = self.pool().clone();
         let mut files = list(&self.tenant, &self.dir)?;
-        files.retain(|(n, _)| *n < horizon && !pool.contains(n));
+        files.retain(|f| f.number < horizon && !pool.contains(&f.number));
         Ok(files)
     }
 
@@ -771,8 +790,8 @@ impl ExtentFiles {
         Ok(self
             .closed_before(horizon)?
             .iter()
-            .filter(|(n, _)| !live.contains_key(n))
-            .map(|(_, bytes)| bytes)
+            .filter(|f| !live.contains_key(&f.number))
+            .map(|f| f.bytes)
             .sum())
     }
 
@@ -780,7 +799,9 @@ impl ExtentFiles {
     /// extent file before `horizon` ([`Self::horizon`], taken before `live`) that `live` (the
     /// live bytes per file named by a reference, as the owner found them) does not name. The
     /// owner has made that state durable first, so that no reference to a taken file comes
-    /// back after a crash. Returns the files and bytes taken.
+    /// back after a crash. A file another store links too ([`Listed::shared`]) is never
+    /// pooled: only this store's name of it goes. Returns the files taken and the bytes given
+    /// back to the disk (a shared file's none).
     pub(crate) fn collect(
         &self,
         horizon: u64,
@@ -792,7 +813,12 @@ impl ExtentFiles {
         drop(self.retired_wait());
         let _no_reads = self.no_reads();
         let mut gone = ExtentFileStats::default();
-        for (number, bytes) in list(&self.tenant, &self.dir)? {
+        for Listed {
+            number,
+            bytes,
+            shared,
+        } in list(&self.tenant, &self.dir)?
+        {
             if number >= horizon || live.contains_key(&number) || self.pool().contains(&number) {
                 continue;
             }
@@ -800,7 +826,7 @@ impl ExtentFiles {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&number);
-            if pool {
+            if pool && !shared {
                 let mut pool = self.pool();
                 if pool.len() < POOL_FILES {
                     pool.push(number);
@@ -812,8 +838,9 @@ impl ExtentFiles {
             let path = self.path(number);
             match std::fs::remove_file(&path) {
                 Ok(()) => {
+                    // A shared file's bytes stay on the disk for the other store.
                     gone.files += 1;
-                    gone.bytes += bytes;
+                    gone.bytes += if shared { 0 } else { bytes };
                     fail::fail_point!("extent-file-deleted");
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -821,6 +848,12 @@ impl ExtentFiles {
             }
         }
         Ok(gone)
+    }
+
+    /// The paths of the pooled files (tests).
+    #[cfg(test)]
+    pub(crate) fn pooled(&self) -> Vec<PathBuf> {
+        self.pool().iter().map(|&n| self.path(n)).collect()
     }
 
     /// Rolls files over past `bytes` instead of [`ROLL_BYTES`] (tests).
@@ -838,7 +871,7 @@ impl ExtentFiles {
         let files = list(&self.tenant, &self.dir).unwrap_or_default();
         ExtentFileStats {
             files: files.len() as u64,
-            bytes: files.iter().map(|(_, b)| b).sum(),
+            bytes: files.iter().map(|f| f.bytes).sum(),
         }
     }
 }
@@ -862,7 +895,17 @@ fn keep_read_buffer(buf: AlignedBuf) {
 }
 
 /// The extent files in `dir`: number and size on disk.
-fn list(tenant: &str, dir: &Path) -> Result<Vec<(u64, u64)>, StoreError> {
+/// An extent file found in a store's directory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Listed {
+    pub number: u64,
+    pub bytes: u64,
+    /// Another store (a snapshot, a fork) links the file too: it is never written again
+    /// (pooled) or emptied by moves, which would free nothing and copy what it holds.
+    pub shared: bool,
+}
+
+fn list(tenant: &str, dir: &Path) -> Result<Vec<Listed>, StoreError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -870,8 +913,13 @@ fn list(tenant: &str, dir: &Path) -> Result<Vec<(u64, u64)>, StoreError> {
     };
     let mut files = Vec::new();
     for entry in entries.flatten() {
-        if let Some(n) = entry.file_name().to_str().and_then(file_number) {
-            files.push((n, entry.metadata().map(|m| m.len()).unwrap_or(0)));
+        if let Some(number) = entry.file_name().to_str().and_then(file_number) {
+            let meta = entry.metadata().ok();
+            files.push(Listed {
+                number,
+                bytes: meta.as_ref().map_or(0, |m| m.len()),
+                shared: meta.is_some_and(|m| m.nlink() > 1),
+            });
         }
     }
     Ok(files)

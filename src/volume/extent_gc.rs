@@ -6,7 +6,8 @@
 //! file. A collection (started by `blob_gc::BlobGc` on its thread) walks the chunk values that
 //! name extent files (inline values only, no blob is read: 16k per GiB of file data) and:
 //! - moves the live chunks of each closed file that less than half of its bytes are named in
-//!   (a file rewritten at random, or folded): each is read, appended to the open file and its
+//!   (a file rewritten at random, or folded), unless another store (a snapshot, a fork)
+//!   links the file too (moving would free nothing and copy what both name): each is read, appended to the open file and its
 //!   value swapped under the inode's lock if no write changed it meanwhile, as a layout change
 //!   (`TenantDb::write_relayout`: it reads the same, so a crash before the next flush loses it
 //!   harmlessly). Less than half live means under one byte written per byte given back;
@@ -71,11 +72,11 @@ pub(crate) fn collect_extent_files(
     let mut live = live_bytes(db)?;
     let mut sparse = HashSet::new();
     let mut sparse_garbage = 0;
-    for &(number, size) in &closed {
-        match live.get(&number) {
-            Some(&named) if named.saturating_mul(2) < size => {
-                sparse.insert(number);
-                sparse_garbage += size - named;
+    for f in closed.iter().filter(|f| !f.shared) {
+        match live.get(&f.number) {
+            Some(&named) if named.saturating_mul(2) < f.bytes => {
+                sparse.insert(f.number);
+                sparse_garbage += f.bytes - named;
             }
             _ => {}
         }
@@ -194,8 +195,8 @@ mod tests {
         closed
             .unwrap()
             .into_iter()
-            .filter(|(n, size)| live.get(n).is_some_and(|l| l * 2 < *size))
-            .map(|(n, _)| n)
+            .filter(|f| live.get(&f.number).is_some_and(|l| l * 2 < f.bytes))
+            .map(|f| f.number)
             .collect()
     }
 
@@ -253,6 +254,110 @@ mod tests {
             after.files,
             "pooled files reused"
         );
+    }
+
+    /// The extent files of `vol` and what each holds.
+    fn extent_file_bytes(vol: &Volume) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+        let dir = vol.tenant().db().path().join("extents");
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| (p.clone(), std::fs::read(p).unwrap()))
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// Extent files another store links too (as a snapshot or a fork links the files it
+    /// shares) are never written again or emptied: a collection neither pools nor moves
+    /// them, it only lets go of this store's name, and every byte of the linked files stays
+    /// as it was while the store rewrites, collects and writes again.
+    #[test]
+    fn extent_files_linked_by_another_store_are_never_written_again() {
+        use std::os::unix::fs::MetadataExt;
+        let store = TestStore::new();
+        let vol = store.open();
+        let keep: Vec<u8> = (0..8usize << 20).map(|i| (i % 253) as u8 | 1).collect();
+        write_sparse(&vol, &keep);
+        let a = vol.lookup(ROOT_INO, b"keep").unwrap().ino;
+        // As a snapshot does: the open file closed first (it changes until then).
+        let files = vol.tenant().db().extent_files();
+        assert!(files.close_if_idle(Duration::ZERO).unwrap());
+        let linked_dir = store.root().join("linked");
+        std::fs::create_dir(&linked_dir).unwrap();
+        let linked: Vec<_> = extent_file_bytes(&vol)
+            .into_iter()
+            .map(|(path, bytes)| {
+                let link = linked_dir.join(path.file_name().unwrap());
+                std::fs::hard_link(&path, &link).unwrap();
+                (link, bytes)
+            })
+            .collect();
+        assert!(linked.len() >= 8, "{} files", linked.len());
+        assert!(!sparse_files(&vol).is_empty(), "files a third named");
+        let done = collect(&vol, 0);
+        assert_eq!(done.moved, 0, "no chunk moved out of a linked file");
+        assert_eq!(done.taken.bytes, 0, "no linked byte given back: {done:?}");
+        // Rewrite `keep` whole twice: every linked file is now unnamed here, and most of the
+        // first round's too; collections pool (or move out of) only those, and the next files
+        // reuse the pooled ones.
+        for round in 0..2u8 {
+            for at in (0..keep.len()).step_by(1 << 20) {
+                let piece: Vec<u8> = keep[at..at + (1 << 20)]
+                    .iter()
+                    .map(|b| b ^ round ^ 2)
+                    .collect();
+                vol.write(a, at as u64, &piece).unwrap();
+            }
+            vol.fsync().unwrap();
+            collect(&vol, 0);
+            let pooled = files.pooled();
+            // Round 0 leaves only linked files unnamed; round 1, its own.
+            assert_eq!(pooled.is_empty(), round == 0, "round {round}: {pooled:?}");
+            for p in pooled {
+                let links = std::fs::metadata(&p).unwrap().nlink();
+                assert_eq!(links, 1, "round {round}: {} pooled", p.display());
+            }
+        }
+        let ours = extent_file_bytes(&vol);
+        assert!(
+            ours.iter()
+                .all(|(p, _)| std::fs::metadata(p).unwrap().nlink() == 1),
+            "this store let go of every linked file"
+        );
+        for (link, bytes) in &linked {
+            assert!(
+                std::fs::read(link).unwrap() == *bytes,
+                "{} changed",
+                link.display()
+            );
+            assert_eq!(std::fs::metadata(link).unwrap().nlink(), 1);
+        }
+        let model: Vec<u8> = keep.iter().map(|b| b ^ 1 ^ 2).collect();
+        assert!(vol.read(a, 0, keep.len() as u32).unwrap() == model);
+        // A pooled file linked afterwards (nothing should) is not written again either.
+        let pooled = files.pooled();
+        let late: Vec<_> = pooled
+            .iter()
+            .map(|p| {
+                let link = linked_dir.join(format!("late-{}", p.file_name().unwrap().display()));
+                std::fs::hard_link(p, &link).unwrap();
+                (link, std::fs::read(p).unwrap())
+            })
+            .collect();
+        let b = file(&vol, b"after");
+        for at in (0..(pooled.len() + 1) * (3 << 20)).step_by(1 << 20) {
+            vol.write(b, at as u64, &[9u8; 1 << 20]).unwrap();
+        }
+        vol.fsync().unwrap();
+        assert!(files.pooled().is_empty(), "the pool was let go");
+        for (link, bytes) in &late {
+            assert!(
+                std::fs::read(link).unwrap() == *bytes,
+                "{} changed",
+                link.display()
+            );
+        }
     }
 
     /// Two files written in turns share extent files; one deleted leaves each a third named
