@@ -158,7 +158,17 @@ impl ExtentFiles {
     }
 
     fn path(&self, number: u64) -> PathBuf {
-        self.dir.join(format!("{number:08}.{SUFFIX}"))
+        self.dir.join(self.name_of(number))
+    }
+
+    /// Extent file `number`'s path (a checkpoint links it).
+    pub(crate) fn path_of(&self, number: u64) -> PathBuf {
+        self.path(number)
+    }
+
+    /// Extent file `number`'s name in its directory.
+    pub(crate) fn name_of(&self, number: u64) -> String {
+        format!("{number:08}.{SUFFIX}")
     }
 
     /// Extent file `number` does not hold what a reference says.

@@ -8,6 +8,7 @@
 
 mod activity;
 mod background;
+mod checkpoint;
 pub mod direct_io;
 mod extent_io;
 mod extent_span;

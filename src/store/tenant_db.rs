@@ -547,6 +547,13 @@ impl TenantDb {
     }
 
     /// This store's extent files: bulk data written beside RocksDB (see `extents`).
+    /// Writes a checkpoint of the store into `target` (a new directory on the store's
+    /// filesystem): the store as it is, sharing its immutable files (`checkpoint`). It opens
+    /// as a store of its own, under the same key.
+    pub fn checkpoint(&self, target: &Path) -> Result<(), StoreError> {
+        super::checkpoint::create(&self.db, &self.tenant, &self.extents, target)
+    }
+
     pub fn extent_files(&self) -> &ExtentFiles {
         &self.extents
     }

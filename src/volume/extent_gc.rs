@@ -512,29 +512,12 @@ mod tests {
             .collect();
         for (point, (name, nth)) in MOVE_PARK.into_iter().enumerate() {
             write_sparse(&store.open(), &keep);
-            let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-                .args(["--exact", MOVE_TEST, "--nocapture", "--test-threads=1"])
-                .env(
-                    MOVE_CHILD_ENV,
-                    format!("{}:{point}", store.root().display()),
-                )
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            use std::io::BufRead;
-            let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-            // (libtest prints `test name ... ` before the child's first line.)
-            let seen: Vec<String> = lines
-                .map_while(|l| l.ok())
-                .filter(|l| l.contains("MOVE ") || l.contains(crate::volume::testing::PARKED))
-                .take_while(|l| !l.contains(crate::volume::testing::PARKED))
-                .collect();
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(child.id() as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .unwrap();
-            child.wait().unwrap();
+            let spec = format!("{}:{point}", store.root().display());
+            let seen = crate::volume::testing::killed_where_parked(
+                MOVE_TEST,
+                (MOVE_CHILD_ENV, &spec),
+                "MOVE ",
+            );
             assert!(
                 seen.len() == 1 && seen[0].ends_with("MOVE start"),
                 "{name} hit {nth}: the child did not park inside its collection: {seen:?}"

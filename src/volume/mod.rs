@@ -14,6 +14,8 @@
 //! `chunk`, `fold`, `readahead`, `neighbours`, `blob_gc`, `extent_gc`, `graft`.
 
 mod blob_gc;
+#[cfg(test)]
+mod checkpoints;
 mod chunk;
 mod codec;
 mod data;

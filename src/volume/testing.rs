@@ -120,6 +120,33 @@ pub(crate) fn park_at_failpoint(name: &str, nth: u64) {
     .unwrap();
 }
 
+/// Runs test `test` of this binary again as a child with `env` set (to tell it where to
+/// park, `park_at_failpoint`), reads its lines that contain `marker` until it parks, kills
+/// it there (SIGKILL) and returns those lines: what the child said before it parked.
+pub(crate) fn killed_where_parked(test: &str, env: (&str, &str), marker: &str) -> Vec<String> {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(env.0, env.1)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    // (libtest prints `test name ... ` before the child's first line.)
+    let seen: Vec<String> = lines
+        .map_while(|l| l.ok())
+        .filter(|l| l.contains(marker) || l.contains(PARKED))
+        .take_while(|l| !l.contains(PARKED))
+        .collect();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    child.wait().unwrap();
+    seen
+}
+
 /// A line on stdout, flushed, for the parent of a crash test's child to read (the library
 /// logs through tracing; this is the child's report to its parent, not a log).
 pub(crate) fn say(line: &str) {

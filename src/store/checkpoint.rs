@@ -1,0 +1,148 @@
+//! A store's checkpoint: the store as it was at one instant, in a directory of its own, that
+//! shares the store's immutable files instead of copying them.
+//!
+//! Why: snapshots, restores and forks of a tenant cost what the tenant writes afterwards, not
+//! what it holds. RocksDB's checkpoint hard-links the table, blob and options files (they are
+//! never changed once written) and copies the MANIFEST and CURRENT; tenantfs links the
+//! closed extent files itself (RocksDB knows nothing of them), and never leaves a WAL linked:
+//! RocksDB truncates the last WAL when it opens a store, which would change the other side's.
+//! Shared files stay shared: nothing in a store writes a file with a second link again
+//! (`extents`: the pool, the moves of a collection).
+//!
+//! How ([`create`]): with extent collection held off (a read guard), RocksDB's checkpoint
+//! (it flushes the memtables; the flush barrier syncs the extent files its values name) into
+//! a staging directory; then the open extent file is closed, so that every file the
+//! checkpoint's values can name is closed and below the horizon, and those are linked; each
+//! linked WAL is replaced by a copy; the directories are synced and the staging directory
+//! renamed to the target. A crash before the rename leaves only the staging directory,
+//! which the next attempt removes.
+//!
+//! The checkpoint is exact for writes acknowledged before the call; a writer running during
+//! it may leave its write in or out (a caller that needs one instant holds writes off).
+
+use std::path::{Path, PathBuf};
+
+use super::{ExtentFiles, StoreError};
+
+/// Writes a checkpoint of `db` (tenant `tenant`'s store, its extent files `extents`) into
+/// `target`, which must not exist yet and must be on the store's filesystem (links do not
+/// cross filesystems: RocksDB would copy every file instead).
+pub(super) fn create(
+    db: &rocksdb::DB,
+    tenant: &str,
+    extents: &ExtentFiles,
+    target: &Path,
+) -> Result<(), StoreError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |e| StoreError::io(tenant, &path, e)
+    };
+    if target.exists() {
+        return Err(StoreError::io(
+            tenant,
+            target,
+            std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "a checkpoint is there already; delete it or choose another name",
+            ),
+        ));
+    }
+    let staging = staging_of(target);
+    match std::fs::remove_dir_all(&staging) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&staging)(e)),
+        _ => {}
+    }
+    let _no_collection = extents.read_guard();
+    let checkpoint = rocksdb::checkpoint::Checkpoint::new(db)
+        .map_err(|e| StoreError::from_rocksdb(tenant, "checkpoint", e))?;
+    checkpoint
+        .create_checkpoint(&staging)
+        .map_err(|e| StoreError::from_rocksdb(tenant, "checkpoint", e))?;
+    drop(checkpoint);
+    fail::fail_point!("checkpoint-rocksdb-done");
+    extents.close_if_idle(std::time::Duration::ZERO)?;
+    let files = extents.closed_before(extents.horizon())?;
+    if !files.is_empty() {
+        let dir = staging.join("extents");
+        std::fs::create_dir(&dir).map_err(io(&dir))?;
+        for f in &files {
+            let (from, to) = (
+                extents.path_of(f.number),
+                dir.join(extents.name_of(f.number)),
+            );
+            std::fs::hard_link(&from, &to).map_err(io(&to))?;
+        }
+        sync_dir(&dir).map_err(io(&dir))?;
+    }
+    unshare_wals(&staging).map_err(io(&staging))?;
+    sync_dir(&staging).map_err(io(&staging))?;
+    fail::fail_point!("checkpoint-staged");
+    std::fs::rename(&staging, target).map_err(io(target))?;
+    let parent = target.parent().unwrap_or(Path::new("."));
+    sync_dir(parent).map_err(io(parent))
+}
+
+/// Where a checkpoint into `target` is built.
+fn staging_of(target: &Path) -> PathBuf {
+    let mut name = target.file_name().unwrap_or_default().to_owned();
+    name.push(".staging");
+    target.with_file_name(name)
+}
+
+/// Replaces each WAL in `dir` that is linked elsewhere by a copy of its bytes (still the
+/// same ciphertext under the same file key, which its header holds).
+fn unshare_wals(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "log") || std::fs::metadata(&path)?.nlink() < 2 {
+            continue;
+        }
+        let copy = path.with_extension("log.copy");
+        std::fs::copy(&path, &copy)?;
+        std::fs::File::open(&copy)?.sync_all()?;
+        std::fs::rename(&copy, &path)?;
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_staging_directory_is_a_sibling_of_the_target() {
+        assert_eq!(
+            staging_of(Path::new("/d/snapshots/s1")),
+            PathBuf::from("/d/snapshots/s1.staging")
+        );
+    }
+
+    #[test]
+    fn a_linked_wal_is_replaced_by_a_copy_and_others_are_left() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
+        let (dir, other) = (tmp.path().join("cp"), tmp.path().join("src"));
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::create_dir(&other).unwrap();
+        std::fs::write(other.join("000007.log"), b"wal bytes").unwrap();
+        std::fs::hard_link(other.join("000007.log"), dir.join("000007.log")).unwrap();
+        std::fs::write(other.join("000009.sst"), b"table").unwrap();
+        std::fs::hard_link(other.join("000009.sst"), dir.join("000009.sst")).unwrap();
+        unshare_wals(&dir).unwrap();
+        let nlink = |p: PathBuf| std::fs::metadata(p).unwrap().nlink();
+        assert_eq!(nlink(dir.join("000007.log")), 1);
+        assert_eq!(nlink(other.join("000007.log")), 1);
+        assert_eq!(std::fs::read(dir.join("000007.log")).unwrap(), b"wal bytes");
+        assert_eq!(
+            nlink(dir.join("000009.sst")),
+            2,
+            "a table file stays shared"
+        );
+        assert!(!dir.join("000007.log.copy").exists());
+    }
+}
