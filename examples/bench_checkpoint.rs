@@ -1,0 +1,110 @@
+//! What a store checkpoint costs as a tenant grows: time of `TenantDb::checkpoint` and the
+//! bytes the checkpoint holds of its own (files not shared with the store: the MANIFEST, the
+//! WAL copy, CURRENT, the table files of the flush it makes), for a tenant of 20,000 small
+//! files that grows by bulk data to each size given. Before each checkpoint the tenant writes
+//! 100 small files more (a memtable with something in it, as a live tenant's has). The
+//! target (snapshots and forks): <= 20 ms and <= 256 KiB, flat in the tenant's size.
+//!
+//! usage: make build && cargo run --release --example bench_checkpoint [-- SIZE_MIB...]
+//! (default 100 1024 4096)
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::Instant;
+
+use tenantfs::volume::{FileKind, Owner, Volume, ROOT_INO};
+
+/// Bytes on disk of the files under `dir` that have one link (not shared), and of all.
+fn own_and_all(dir: &Path) -> (u64, u64) {
+    let (mut own, mut all) = (0, 0);
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            let (o, a) = own_and_all(&e.path());
+            own += o;
+            all += a;
+            continue;
+        }
+        let bytes = m.blocks() * 512;
+        all += bytes;
+        if m.nlink() == 1 {
+            own += bytes;
+            eprintln!("  own: {} {} KiB", e.file_name().display(), bytes >> 10);
+        }
+    }
+    (own, all)
+}
+
+fn main() {
+    let sizes: Vec<u64> = std::env::args()
+        .skip(1)
+        .map(|a| a.parse().expect("a size in MiB"))
+        .collect();
+    let sizes = if sizes.is_empty() {
+        vec![100, 1024, 4096]
+    } else {
+        sizes
+    };
+    let tmp = tempfile::Builder::new()
+        .prefix("tenantfs-bench-cp-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let root = tmp.path().join("data");
+    tenantfs::data_dir::DataDir::init(&root, None).unwrap();
+    let data = tenantfs::data_dir::DataDir::open(&root, None).unwrap();
+    let host = tenantfs::store::StoreHost::builder()
+        .block_cache_bytes(256 << 20)
+        .build();
+    tenantfs::tenants::create(&data, &host, "t", None).unwrap();
+    let vol = Volume::open(tenantfs::tenants::open(&data, &host, "t").unwrap()).unwrap();
+    let owner = Owner { uid: 0, gid: 0 };
+    let mut small = 0u64;
+    let mut more_small = |vol: &Volume, n: u64| {
+        for _ in 0..n {
+            let name = format!("small-{small}");
+            let f = vol
+                .mknod(ROOT_INO, name.as_bytes(), FileKind::File, 0o644, owner, 0)
+                .unwrap();
+            vol.write(f.ino, 0, b"7 bytes").unwrap();
+            small += 1;
+        }
+    };
+    more_small(&vol, 20_000);
+    let big = vol
+        .mknod(ROOT_INO, b"big", FileKind::File, 0o644, owner, 0)
+        .unwrap()
+        .ino;
+    let piece: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8 | 1).collect();
+    let mut written = 0u64;
+    println!("| tenant's bulk data | checkpoint ms | own bytes | all bytes (linked included) | files linked |");
+    println!("|---:|---:|---:|---:|---:|");
+    for (i, &mib) in sizes.iter().enumerate() {
+        while written < mib {
+            vol.write(big, written << 20, &piece).unwrap();
+            written += 1;
+        }
+        vol.fsync().unwrap();
+        more_small(&vol, 100);
+        let target = root.join("tenants").join("t").join(format!("cp{i}"));
+        let started = Instant::now();
+        vol.tenant().db().checkpoint(&target).unwrap();
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        let (own, all) = own_and_all(&target);
+        let linked = std::fs::read_dir(&target)
+            .unwrap()
+            .chain(
+                std::fs::read_dir(target.join("extents"))
+                    .into_iter()
+                    .flatten(),
+            )
+            .filter(|e| e.as_ref().unwrap().metadata().unwrap().nlink() > 1)
+            .count();
+        println!(
+            "| {mib} MiB | {ms:.1} | {} KiB | {} MiB | {linked} |",
+            own >> 10,
+            all >> 20
+        );
+        std::fs::remove_dir_all(&target).unwrap();
+    }
+}
