@@ -101,6 +101,7 @@ bench: build
 	$(CARGO) run --release --example bench_tree
 	$(CARGO) run --release --example bench_space
 	$(CARGO) run --release --example bench_fuse_request
+	$(CARGO) run --release --example bench_checkpoint
 
 # The library's unit tests and the cache concurrency tests under AddressSanitizer (nightly
 # Rust, -Zsanitizer=address; free slab slots are poisoned by the `asan` feature). RocksDB is
