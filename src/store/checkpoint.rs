@@ -9,13 +9,14 @@
 //! Shared files stay shared: nothing in a store writes a file with a second link again
 //! (`extents`: the pool, the moves of a collection).
 //!
-//! How ([`create`]): with extent collection held off (a read guard), RocksDB's checkpoint
-//! (it flushes the memtables; the flush barrier syncs the extent files its values name) into
-//! a staging directory; then the open extent file is closed, so that every file the
-//! checkpoint's values can name is closed and below the horizon, and those are linked; each
-//! linked WAL is replaced by a copy; the directories are synced and the staging directory
-//! renamed to the target. A crash before the rename leaves only the staging directory,
-//! which the next attempt removes.
+//! How ([`create`]): with extent collection held off, RocksDB's checkpoint (it flushes the
+//! memtables; the flush barrier syncs the extent files its values name) into a staging
+//! directory; then, under the open extent file's lock, that file is closed (and every file
+//! closed in the background waited for), so that every file the checkpoint's values can name
+//! is closed and synced, and those are linked; each linked WAL is replaced by a copy; the
+//! directories are synced and the staging directory renamed to the target. A failure
+//! removes the staging directory; a crash before the rename leaves it (and RocksDB's
+//! `.tmp`), which the next attempt removes.
 //!
 //! The checkpoint is exact for writes acknowledged before the call; a writer running during
 //! it may leave its write in or out (a caller that needs one instant holds writes off).
@@ -48,45 +49,67 @@ pub(super) fn create(
         ));
     }
     let staging = staging_of(target);
-    match std::fs::remove_dir_all(&staging) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&staging)(e)),
-        _ => {}
-    }
-    let _no_collection = extents.read_guard();
-    let checkpoint = rocksdb::checkpoint::Checkpoint::new(db)
-        .map_err(|e| StoreError::from_rocksdb(tenant, "checkpoint", e))?;
-    checkpoint
-        .create_checkpoint(&staging)
-        .map_err(|e| StoreError::from_rocksdb(tenant, "checkpoint", e))?;
-    drop(checkpoint);
-    fail::fail_point!("checkpoint-rocksdb-done");
-    extents.close_if_idle(std::time::Duration::ZERO)?;
-    let files = extents.closed_before(extents.horizon())?;
-    if !files.is_empty() {
-        let dir = staging.join("extents");
-        std::fs::create_dir(&dir).map_err(io(&dir))?;
-        for f in &files {
-            let (from, to) = (
-                extents.path_of(f.number),
-                dir.join(extents.name_of(f.number)),
-            );
-            std::fs::hard_link(&from, &to).map_err(io(&to))?;
+    // One checkpoint of the store at a time, and no collection until its files are linked.
+    let _no_collection = extents.hold_collection();
+    // Left by an attempt that ended early (RocksDB builds its part in `STAGING.tmp`).
+    for dir in [staging.clone(), tmp_of(&staging)] {
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&dir)(e)),
+            _ => {}
         }
-        sync_dir(&dir).map_err(io(&dir))?;
     }
-    unshare_wals(&staging).map_err(io(&staging))?;
-    sync_dir(&staging).map_err(io(&staging))?;
+    let staged = stage(db, tenant, extents, &staging);
+    if staged.is_err() {
+        let _ = std::fs::remove_dir_all(&staging);
+        let _ = std::fs::remove_dir_all(tmp_of(&staging));
+    }
+    staged?;
     fail::fail_point!("checkpoint-staged");
     std::fs::rename(&staging, target).map_err(io(target))?;
     let parent = target.parent().unwrap_or(Path::new("."));
     sync_dir(parent).map_err(io(parent))
 }
 
+/// RocksDB's checkpoint into `staging`, the extent files linked, the WALs unshared, synced.
+fn stage(
+    db: &rocksdb::DB,
+    tenant: &str,
+    extents: &ExtentFiles,
+    staging: &Path,
+) -> Result<(), StoreError> {
+    let io = |path: &Path| {
+        let path = path.to_owned();
+        move |e| StoreError::io(tenant, &path, e)
+    };
+    let checkpoint = rocksdb::checkpoint::Checkpoint::new(db)
+        .map_err(|e| StoreError::from_rocksdb(tenant, "checkpoint", e))?;
+    checkpoint
+        .create_checkpoint(staging)
+        .map_err(|e| StoreError::from_rocksdb(tenant, "checkpoint", e))?;
+    drop(checkpoint);
+    fail::fail_point!("checkpoint-rocksdb-done");
+    let dir = staging.join("extents");
+    if extents.link_closed_into(&dir)? > 0 {
+        sync_dir(&dir).map_err(io(&dir))?;
+    }
+    unshare_wals(staging).map_err(io(staging))?;
+    sync_dir(staging).map_err(io(staging))
+}
+
 /// Where a checkpoint into `target` is built.
 fn staging_of(target: &Path) -> PathBuf {
-    let mut name = target.file_name().unwrap_or_default().to_owned();
-    name.push(".staging");
-    target.with_file_name(name)
+    with_suffix(target, ".staging")
+}
+
+/// Where RocksDB builds its part of a checkpoint into `staging`.
+fn tmp_of(staging: &Path) -> PathBuf {
+    with_suffix(staging, ".tmp")
+}
+
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_owned();
+    name.push(suffix);
+    path.with_file_name(name)
 }
 
 /// Replaces each WAL in `dir` that is linked elsewhere by a copy of its bytes (still the

@@ -96,6 +96,9 @@ pub struct ExtentFiles {
     roll_bytes: AtomicU64,
     /// Unnamed files kept to be written again instead of new ones (see [`POOL_FILES`]).
     pool: Mutex<Vec<u64>>,
+    /// Held by a collection for its whole run, and by a checkpoint (`hold_collection`) from
+    /// before RocksDB's part until its extent files are linked: no file it names goes.
+    collecting: Mutex<()>,
     /// Files being closed in the background, and the first failure of one.
     retiring: Arc<(Mutex<Retiring>, std::sync::Condvar)>,
 }
@@ -152,6 +155,7 @@ impl ExtentFiles {
             open_number: AtomicU64::new(0),
             retiring: Arc::default(),
             pool: Mutex::new(Vec::new()),
+            collecting: Mutex::new(()),
             roll_bytes: AtomicU64::new(ROLL_BYTES),
             syncing: Mutex::new(()),
         })
@@ -161,13 +165,8 @@ impl ExtentFiles {
         self.dir.join(self.name_of(number))
     }
 
-    /// Extent file `number`'s path (a checkpoint links it).
-    pub(crate) fn path_of(&self, number: u64) -> PathBuf {
-        self.path(number)
-    }
-
     /// Extent file `number`'s name in its directory.
-    pub(crate) fn name_of(&self, number: u64) -> String {
+    fn name_of(&self, number: u64) -> String {
         format!("{number:08}.{SUFFIX}")
     }
 
@@ -533,6 +532,38 @@ impl ExtentFiles {
         }
     }
 
+    /// Holds collections off until dropped (a checkpoint's, from before RocksDB's part until
+    /// its extent files are linked).
+    pub(crate) fn hold_collection(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.collecting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Closes the open file (waiting for every file closed in the background, and failing
+    /// if one could not be synced) and links every closed file that is not pooled into
+    /// `dir`: all of them under the open file's lock, so no pooled file is taken as the next
+    /// one meanwhile (it is renamed when reused). The caller holds collections off. Returns
+    /// the files linked.
+    pub(crate) fn link_closed_into(&self, dir: &Path) -> Result<usize, StoreError> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        self.close_open(&mut open)?;
+        let horizon = self.next_number.load(Ordering::Relaxed);
+        let pool = self.pool().clone();
+        let mut linked = 0;
+        for f in list(&self.tenant, &self.dir)? {
+            if f.number >= horizon || pool.contains(&f.number) {
+                continue;
+            }
+            if linked == 0 {
+                std::fs::create_dir(dir).map_err(|e| StoreError::io(&self.tenant, dir, e))?;
+            }
+            let to = dir.join(self.name_of(f.number));
+            std::fs::hard_link(self.path(f.number), &to)
+                .map_err(|e| StoreError::io(&self.tenant, &to, e))?;
+            linked += 1;
+        }
+        Ok(linked)
+    }
+
     /// A guard to hold from before the lookup of spans until they are read: no file is
     /// deleted meanwhile.
     pub(crate) fn read_guard(&self) -> std::sync::RwLockReadGuard<'_, ()> {
@@ -818,6 +849,7 @@ impl ExtentFiles {
         live: &HashMap<u64, u64>,
         pool: bool,
     ) -> Result<ExtentFileStats, StoreError> {
+        let _one = self.hold_collection();
         // A file still being closed in the background is not pooled or deleted under its
         // closer (which trims it at the end).
         drop(self.retired_wait());

@@ -546,7 +546,6 @@ impl TenantDb {
         })
     }
 
-    /// This store's extent files: bulk data written beside RocksDB (see `extents`).
     /// Writes a checkpoint of the store into `target` (a new directory on the store's
     /// filesystem): the store as it is, sharing its immutable files (`checkpoint`). It opens
     /// as a store of its own, under the same key.
@@ -554,6 +553,7 @@ impl TenantDb {
         super::checkpoint::create(&self.db, &self.tenant, &self.extents, target)
     }
 
+    /// This store's extent files: bulk data written beside RocksDB (see `extents`).
     pub fn extent_files(&self) -> &ExtentFiles {
         &self.extents
     }

@@ -53,6 +53,7 @@ fn a_checkpoint_opens_as_the_store_it_was_and_both_go_their_own_ways() {
         assert!(err.contains("a checkpoint is there already"), "{err}");
         let linked = std::fs::read_dir(cp.join("extents")).unwrap().count();
         assert!(linked >= 3, "the 8 MiB's extent files linked: {linked}");
+        let mut shared_tables = 0;
         for e in std::fs::read_dir(&cp).unwrap() {
             let e = e.unwrap();
             let name = e.file_name().into_string().unwrap();
@@ -60,10 +61,10 @@ fn a_checkpoint_opens_as_the_store_it_was_and_both_go_their_own_ways() {
             if name.ends_with(".log") || name.starts_with("MANIFEST") || name == "CURRENT" {
                 assert_eq!(links, 1, "{name} is the checkpoint's own");
             }
-            if name.ends_with(".sst") {
-                assert_eq!(links, 2, "{name} is shared");
-            }
+            // (A compaction may have taken the store's name of a table since.)
+            shared_tables += usize::from(name.ends_with(".sst") && links == 2);
         }
+        assert!(shared_tables > 0, "table files shared with the store");
         write(&vol, vol.lookup(ROOT_INO, b"big").unwrap().ino, &new_big);
         vol.unlink(ROOT_INO, b"a").unwrap();
         vol.write(file(&vol, b"c"), 0, b"after").unwrap();

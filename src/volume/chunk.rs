@@ -126,7 +126,7 @@ impl ChunkAt<'_> {
         let mut damaged = false;
         let mut not_private = false;
         let (keys, names) = lookup_keys(ino, first, first + blocks - 1, blocks);
-        let _no_delete = tenant.db().extent_files().read_guard();
+        let no_delete = tenant.db().extent_files().read_guard();
         tenant
             .db()
             .multi_get(Family::Extents, &keys, |i, v| match names[i] {
@@ -164,6 +164,9 @@ impl ChunkAt<'_> {
             }
         }
         if not_private {
+            // The chunk is read: `split` takes the guard again itself (taken twice by one
+            // thread, a collection waiting for the write side between would hold both).
+            drop(no_delete);
             return Ok(self.split(b)?.then_some(replaced));
         }
         if !overlaid.contains(&true) {
