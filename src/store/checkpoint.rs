@@ -34,10 +34,7 @@ pub(super) fn create(
     extents: &ExtentFiles,
     target: &Path,
 ) -> Result<(), StoreError> {
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |e| StoreError::io(tenant, &path, e)
-    };
+    let io = |path: &Path| io_error(tenant, path);
     if target.exists() {
         return Err(StoreError::io(
             tenant,
@@ -77,10 +74,7 @@ fn stage(
     extents: &ExtentFiles,
     staging: &Path,
 ) -> Result<(), StoreError> {
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |e| StoreError::io(tenant, &path, e)
-    };
+    let io = |path: &Path| io_error(tenant, path);
     let checkpoint = rocksdb::checkpoint::Checkpoint::new(db)
         .map_err(|e| StoreError::from_rocksdb(tenant, "checkpoint", e))?;
     checkpoint
@@ -127,6 +121,12 @@ fn unshare_wals(dir: &Path) -> std::io::Result<()> {
         std::fs::rename(&copy, &path)?;
     }
     Ok(())
+}
+
+/// Turns an I/O error on `path` into the store's error.
+fn io_error<'a>(tenant: &'a str, path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    let path = path.to_owned();
+    move |e| StoreError::io(tenant, &path, e)
 }
 
 fn sync_dir(dir: &Path) -> std::io::Result<()> {

@@ -1,4 +1,4 @@
-// Extent files: bulk file data that a tenant store writes beside RocksDB (src/store/extents.rs).
+// Extent files: bulk file data that a tenant store writes beside RocksDB (src/store/extents/).
 //
 // Why C++: an extent file must be encrypted exactly as the store's own files are (the
 // provider's 4 KiB prefix, then the body under the file's cipher), and the store's Env

@@ -304,7 +304,7 @@ class HealthListener final : public EventListener {
   }
 
   // Before a flush writes a memtable out: the extent files its values name are made durable
-  // first (src/store/extents.rs), so no durable value names bytes that are not.
+  // first (src/store/extents/), so no durable value names bytes that are not.
   void OnFlushBegin(DB*, const ROCKSDB_NAMESPACE::FlushJobInfo&) override {
     tenantfs_store_flush_begins(health_);
   }

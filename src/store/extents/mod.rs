@@ -21,11 +21,12 @@
 //! whole chunk went to reading, decrypting and checksumming the 60 KiB nobody asked for.
 
 use std::collections::HashMap;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
+
+mod collection;
 
 use super::extent_io::{AlignedBuf, Appender, EnvPtr, Reader, ALIGN};
 use super::extent_span::{checksum, SpanCheck, MAX_PIECES, PIECE};
@@ -34,6 +35,7 @@ use super::ring_read::RingRead;
 use super::StoreError;
 use crate::cache::RocksBlockCache;
 use crate::crypto::TenantKey;
+use collection::list;
 
 /// An extent file is closed and a new one started past this size.
 const ROLL_BYTES: u64 = 256 << 20;
@@ -405,28 +407,6 @@ impl ExtentFiles {
             .fetch_max(lineage.next_number, Ordering::Relaxed);
     }
 
-    /// A pooled file to write the next file into, if one is unshared: one linked since it
-    /// was pooled (it should not be: a snapshot links the files the store names) is let go.
-    fn reusable(&self) -> Option<PathBuf> {
-        while let Some(number) = self.pool().pop() {
-            let path = self.path(number);
-            match std::fs::metadata(&path) {
-                Ok(m) if m.nlink() == 1 => return Some(path),
-                Ok(_) => {
-                    tracing::warn!(tenant = %self.tenant, file = %path.display(),
-                                   "a pooled extent file is linked elsewhere: not written again");
-                    let _ = std::fs::remove_file(&path);
-                }
-                Err(_) => {}
-            }
-        }
-        None
-    }
-
-    fn pool(&self) -> std::sync::MutexGuard<'_, Vec<u64>> {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn cache_key(&self, file: u64, offset: u64) -> [u8; 28] {
         // 28 bytes: RocksDB's own cache keys are 16 bytes long, so none can be equal.
         let mut k = [0u8; 28];
@@ -509,59 +489,6 @@ impl ExtentFiles {
         let r = Reader::open(self.key.as_ref(), &self.path(number), self.direct)
             .map_err(|d| self.error("read", number, d))?;
         Ok(Arc::clone(readers().entry(number).or_insert(Arc::new(r))))
-    }
-
-    /// Holds off reads (the write side of [`Self::read_guard`]) without queueing them: a
-    /// waiting writer of a `RwLock` makes new readers wait too, so while reads hold the
-    /// lock (a read-ahead job holds it for its whole lookup and disk read, and runs below
-    /// requests) this looks again every millisecond, and waits in the queue only after a
-    /// second of reads that never let go.
-    fn no_reads(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
-        loop {
-            match self.deleting.try_write() {
-                Ok(guard) => return guard,
-                Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => {
-                    if std::time::Instant::now() >= deadline {
-                        return self.deleting.write().unwrap_or_else(|p| p.into_inner());
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-            }
-        }
-    }
-
-    /// Holds collections off until dropped (a checkpoint's, from before RocksDB's part until
-    /// its extent files are linked).
-    pub(crate) fn hold_collection(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.collecting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Closes the open file (waiting for every file closed in the background, and failing
-    /// if one could not be synced) and links every closed file that is not pooled into
-    /// `dir`: all of them under the open file's lock, so no pooled file is taken as the next
-    /// one meanwhile (it is renamed when reused). The caller holds collections off. Returns
-    /// the files linked.
-    pub(crate) fn link_closed_into(&self, dir: &Path) -> Result<usize, StoreError> {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        self.close_open(&mut open)?;
-        let horizon = self.next_number.load(Ordering::Relaxed);
-        let pool = self.pool().clone();
-        let mut linked = 0;
-        for f in list(&self.tenant, &self.dir)? {
-            if f.number >= horizon || pool.contains(&f.number) {
-                continue;
-            }
-            if linked == 0 {
-                std::fs::create_dir(dir).map_err(|e| StoreError::io(&self.tenant, dir, e))?;
-            }
-            let to = dir.join(self.name_of(f.number));
-            std::fs::hard_link(self.path(f.number), &to)
-                .map_err(|e| StoreError::io(&self.tenant, &to, e))?;
-            linked += 1;
-        }
-        Ok(linked)
     }
 
     /// A guard to hold from before the lookup of spans until they are read: no file is
@@ -798,106 +725,6 @@ impl ExtentFiles {
             .map(drop)
     }
 
-    /// The first file a collection must leave alone: the open file, or the next one. Taken
-    /// before the owner looks for live spans: files before it take no new spans (appends go to
-    /// the open file only), so one no span named then stays unnamed.
-    pub(crate) fn horizon(&self) -> u64 {
-        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.as_ref()
-            .map_or_else(|| self.next_number.load(Ordering::Relaxed), |o| o.number)
-    }
-
-    /// Stops keeping the pooled files: a collection can take them (writes have stopped
-    /// rolling files over, the pool's reason).
-    pub(crate) fn empty_pool(&self) {
-        self.pool().clear();
-    }
-
-    /// The files before `horizon` that are not pooled: number and size on disk.
-    pub(crate) fn closed_before(&self, horizon: u64) -> Result<Vec<Listed>, StoreError> {
-        let pool = self.pool().clone();
-        let mut files = list(&self.tenant, &self.dir)?;
-        files.retain(|f| f.number < horizon && !pool.contains(&f.number));
-        Ok(files)
-    }
-
-    /// The bytes of the files before `horizon` that `live` does not name and that are not
-    /// pooled (what a collection would take).
-    pub(crate) fn unnamed_before(
-        &self,
-        horizon: u64,
-        live: &HashMap<u64, u64>,
-    ) -> Result<u64, StoreError> {
-        Ok(self
-            .closed_before(horizon)?
-            .iter()
-            .filter(|f| !live.contains_key(&f.number))
-            .map(|f| f.bytes)
-            .sum())
-    }
-
-    /// Deletes (or, when `pool`, pools up to [`POOL_FILES`], to be written again) every
-    /// extent file before `horizon` ([`Self::horizon`], taken before `live`) that `live` (the
-    /// live bytes per file named by a reference, as the owner found them) does not name. The
-    /// owner has made that state durable first, so that no reference to a taken file comes
-    /// back after a crash. A file another store links too ([`Listed::shared`]) is never
-    /// pooled: only this store's name of it goes. Returns the files taken and the bytes given
-    /// back to the disk (a shared file's none).
-    pub(crate) fn collect(
-        &self,
-        horizon: u64,
-        live: &HashMap<u64, u64>,
-        pool: bool,
-    ) -> Result<ExtentFileStats, StoreError> {
-        let _one = self.hold_collection();
-        // A file still being closed in the background is not pooled or deleted under its
-        // closer (which trims it at the end).
-        drop(self.retired_wait());
-        let _no_reads = self.no_reads();
-        let mut gone = ExtentFileStats::default();
-        for Listed {
-            number,
-            bytes,
-            shared,
-        } in list(&self.tenant, &self.dir)?
-        {
-            if number >= horizon || live.contains_key(&number) || self.pool().contains(&number) {
-                continue;
-            }
-            self.readers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&number);
-            if pool && !shared {
-                let mut pool = self.pool();
-                if pool.len() < POOL_FILES {
-                    pool.push(number);
-                    gone.files += 1;
-                    gone.bytes += bytes;
-                    continue;
-                }
-            }
-            let path = self.path(number);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {
-                    // A shared file's bytes stay on the disk for the other store.
-                    gone.files += 1;
-                    gone.bytes += if shared { 0 } else { bytes };
-                    fail::fail_point!("extent-file-deleted");
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::io(&self.tenant, &path, e)),
-            }
-        }
-        Ok(gone)
-    }
-
-    /// The paths of the pooled files (tests).
-    #[cfg(test)]
-    pub(crate) fn pooled(&self) -> Vec<PathBuf> {
-        self.pool().iter().map(|&n| self.path(n)).collect()
-    }
-
     /// Rolls files over past `bytes` instead of [`ROLL_BYTES`] (tests).
     #[cfg(test)]
     pub(crate) fn set_roll_bytes(&self, bytes: u64) {
@@ -934,35 +761,4 @@ fn read_buffer(len: usize) -> AlignedBuf {
 
 fn keep_read_buffer(buf: AlignedBuf) {
     READ_BUFFER.set(Some(buf));
-}
-
-/// The extent files in `dir`: number and size on disk.
-/// An extent file found in a store's directory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Listed {
-    pub number: u64,
-    pub bytes: u64,
-    /// Another store (a snapshot, a fork) links the file too: it is never written again
-    /// (pooled) or emptied by moves, which would free nothing and copy what it holds.
-    pub shared: bool,
-}
-
-fn list(tenant: &str, dir: &Path) -> Result<Vec<Listed>, StoreError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(StoreError::io(tenant, dir, e)),
-    };
-    let mut files = Vec::new();
-    for entry in entries.flatten() {
-        if let Some(number) = entry.file_name().to_str().and_then(file_number) {
-            let meta = entry.metadata().ok();
-            files.push(Listed {
-                number,
-                bytes: meta.as_ref().map_or(0, |m| m.len()),
-                shared: meta.is_some_and(|m| m.nlink() > 1),
-            });
-        }
-    }
-    Ok(files)
 }
