@@ -1,9 +1,11 @@
-//! What a store checkpoint costs as a tenant grows: time of `TenantDb::checkpoint` and the
-//! bytes the checkpoint holds of its own (files not shared with the store: the MANIFEST, the
-//! WAL copy, CURRENT, the table files of the flush it makes), for a tenant of 20,000 small
-//! files that grows by bulk data to each size given. Before each checkpoint the tenant writes
-//! 100 small files more (a memtable with something in it, as a live tenant's has). The
-//! target (snapshots and forks): <= 20 ms and <= 256 KiB, flat in the tenant's size.
+//! What a snapshot costs as a tenant grows: time of `snapshots::create` (a store checkpoint,
+//! its record, the renames and syncs) of the open tenant and the bytes the snapshot holds of
+//! its own (files not shared with the store: the MANIFEST, the WAL copy, CURRENT, the table
+//! files of the flush it makes); then the time and own bytes of a copy of it
+//! (`TenantDb::copy_checkpoint`: what a restore or a fork builds), for a tenant of 20,000
+//! small files that grows by bulk data to each size given. Before each snapshot the tenant
+//! writes 100 small files more (a memtable with something in it, as a live tenant's has).
+//! The target (snapshots and forks): <= 20 ms and <= 256 KiB, flat in the tenant's size.
 //!
 //! usage: make build && cargo run --release --example bench_checkpoint [-- SIZE_MIB...]
 //! (default 100 1024 4096)
@@ -77,8 +79,8 @@ fn main() {
         .ino;
     let piece: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8 | 1).collect();
     let mut written = 0u64;
-    println!("| tenant's bulk data | checkpoint ms | own bytes | all bytes (linked included) | files linked |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!("| tenant's bulk data | snapshot ms | own bytes | all bytes (linked included) | files linked | copy ms | copy's own bytes |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
     for (i, &mib) in sizes.iter().enumerate() {
         while written < mib {
             vol.write(big, written << 20, &piece).unwrap();
@@ -86,10 +88,12 @@ fn main() {
         }
         vol.fsync().unwrap();
         more_small(&vol, 100);
-        let target = root.join("tenants").join("t").join(format!("cp{i}"));
+        let name = format!("s{i}");
         let started = Instant::now();
-        vol.tenant().db().checkpoint(&target).unwrap();
+        tenantfs::snapshots::create(&root, vol.tenant(), &name).unwrap();
         let ms = started.elapsed().as_secs_f64() * 1e3;
+        let tenant_dir = root.join("tenants").join("t");
+        let target = tenant_dir.join("snapshots").join(&name).join("db");
         let (own, all) = own_and_all(&target);
         let linked = std::fs::read_dir(&target)
             .unwrap()
@@ -100,11 +104,18 @@ fn main() {
             )
             .filter(|e| e.as_ref().unwrap().metadata().unwrap().nlink() > 1)
             .count();
+        let copy = tenant_dir.join(format!("copy{i}"));
+        let started = Instant::now();
+        tenantfs::store::TenantDb::copy_checkpoint("t", &target, &copy).unwrap();
+        let copy_ms = started.elapsed().as_secs_f64() * 1e3;
+        let (copy_own, _) = own_and_all(&copy);
         println!(
-            "| {mib} MiB | {ms:.1} | {} KiB | {} MiB | {linked} |",
+            "| {mib} MiB | {ms:.1} | {} KiB | {} MiB | {linked} | {copy_ms:.1} | {} KiB |",
             own >> 10,
-            all >> 20
+            all >> 20,
+            copy_own >> 10
         );
-        std::fs::remove_dir_all(&target).unwrap();
+        std::fs::remove_dir_all(&copy).unwrap();
+        tenantfs::snapshots::delete(&root, "t", &name).unwrap();
     }
 }

@@ -42,19 +42,62 @@ pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Disk the regular files under `dir` take: allocated blocks, not file sizes (a store's
-/// preallocated WAL is a few KiB long and may hold far more disk).
+/// preallocated WAL is a few KiB long and may hold far more disk). A file linked under
+/// several names in `dir` (a snapshot sharing its tenant's files) counts once.
 pub(crate) fn tree_bytes(dir: &Path) -> u64 {
+    tree_usage(dir).total
+}
+
+/// Disk the files under a directory take ([`tree_usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct TreeUsage {
+    /// Every file once, however many names it has inside the directory.
+    pub total: u64,
+    /// Files with no name outside the directory: what removing it gives back.
+    pub own: u64,
+}
+
+/// What the regular files under `dir` take (see [`TreeUsage`]).
+pub(crate) fn tree_usage(dir: &Path) -> TreeUsage {
+    let mut usage = TreeUsage::default();
+    let mut linked = std::collections::HashMap::new();
+    add_tree(dir, &mut usage, &mut linked);
+    usage
+}
+
+/// Adds the files under `dir` to `usage`; `linked` counts the names seen of each file that
+/// has several (by device and inode).
+fn add_tree(
+    dir: &Path,
+    usage: &mut TreeUsage,
+    linked: &mut std::collections::HashMap<(u64, u64), u64>,
+) {
     let Ok(entries) = fs::read_dir(dir) else {
-        return 0;
+        return;
     };
-    entries
-        .flatten()
-        .map(|e| match e.file_type() {
-            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map(|m| m.blocks() * 512).unwrap_or(0),
-            _ => 0,
-        })
-        .sum()
+    for e in entries.flatten() {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => add_tree(&e.path(), usage, linked),
+            Ok(t) if t.is_file() => {
+                let Ok(m) = e.metadata() else { continue };
+                let bytes = m.blocks() * 512;
+                if m.nlink() < 2 {
+                    usage.total += bytes;
+                    usage.own += bytes;
+                    continue;
+                }
+                let seen = linked.entry((m.dev(), m.ino())).or_insert(0);
+                *seen += 1;
+                if *seen == 1 {
+                    usage.total += bytes;
+                }
+                if *seen == m.nlink() {
+                    usage.own += bytes; // its last name is in here
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -83,5 +126,28 @@ mod tests {
             .unwrap();
         let n = super::tree_bytes(d.path());
         assert!((8192..1 << 20).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn a_file_linked_twice_counts_once_and_is_own_only_with_every_name_inside() {
+        let d = tempfile::tempdir_in("/var/tmp").unwrap();
+        let (inside, outside) = (d.path().join("in"), d.path().join("out"));
+        std::fs::create_dir_all(inside.join("snap")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        for (name, len) in [("twice", 8192), ("shared", 16384)] {
+            std::fs::write(inside.join(name), vec![1u8; len]).unwrap();
+            std::fs::File::open(inside.join(name))
+                .unwrap()
+                .sync_all()
+                .unwrap();
+        }
+        std::fs::hard_link(inside.join("twice"), inside.join("snap/twice")).unwrap();
+        std::fs::hard_link(inside.join("shared"), outside.join("shared")).unwrap();
+        let usage = super::tree_usage(&inside);
+        let alone = |p: &std::path::Path| super::tree_usage(p).total;
+        let (twice, shared) = (alone(&inside.join("snap")), alone(&outside));
+        assert_eq!(usage.total, twice + shared, "each file once");
+        assert_eq!(usage.own, twice, "the file linked outside is not its own");
+        assert_eq!(super::tree_usage(&inside.join("snap")).own, 0);
     }
 }

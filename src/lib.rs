@@ -29,6 +29,7 @@ pub mod pressure;
 pub mod process;
 pub mod quota;
 pub mod serving;
+pub mod snapshots;
 pub mod space;
 pub mod store;
 pub mod tenant_lock;

@@ -10,7 +10,10 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Parser;
-use cli::{BaseCommand, CacheCommand, Cli, Command, ConfigCommand, TenantCommand, VolumeCommand};
+use cli::{
+    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, SnapshotCommand, TenantCommand,
+    VolumeCommand,
+};
 
 fn main() -> ExitCode {
     tenantfs::logging::init("warn");
@@ -64,6 +67,18 @@ fn run(cli: Cli) -> Result<()> {
         Command::Tenant(TenantCommand::Check { name }) => cli::tenant::check(&cli, name),
         Command::Tenant(TenantCommand::List { json }) => cli::tenant::list(&cli, *json),
         Command::Tenant(TenantCommand::Delete { name }) => cli::tenant::delete(&cli, name),
+        Command::Tenant(TenantCommand::Restore { name, snapshot }) => {
+            cli::snapshot::restore(&cli, name, snapshot)
+        }
+        Command::Snapshot(SnapshotCommand::Create { tenant, name }) => {
+            cli::snapshot::create(&cli, tenant, name)
+        }
+        Command::Snapshot(SnapshotCommand::List { tenant, json }) => {
+            cli::snapshot::list(&cli, tenant.as_deref(), *json)
+        }
+        Command::Snapshot(SnapshotCommand::Delete { tenant, name }) => {
+            cli::snapshot::delete(&cli, tenant, name)
+        }
         Command::Tenant(TenantCommand::Set {
             name,
             iops,

@@ -4,12 +4,19 @@
 //! tenants/<name>/tenant.json   name, format version, block size, creation time, wrapped key,
 //!                              base, device size (block volumes), quota
 //! tenants/<name>/db/           the tenant's encrypted RocksDB
+//! tenants/<name>/snapshots/    its snapshots (`snapshots`)
 //! ```
 //!
 //! A tenant appears only whole: `create` builds everything in a hidden staging directory and
 //! renames it into place; `delete` renames the directory away before removing it. The tenant's
 //! lock ([`crate::tenant_lock`], in the data dir's one lock file) makes "in use" visible across
 //! processes, so a mounted tenant cannot be deleted or opened twice.
+//!
+//! A restore ([`replace_store`]) puts a copy of a snapshot's store in place of the tenant's:
+//! the copy is made beside it (`db.restoring`, with the record it brings,
+//! `tenant.json.restoring`), then the store is renamed away (`db.replaced`), the copy into
+//! its place and the record over the old one. Whoever takes the tenant's lock next finishes a
+//! restore that got as far as renaming the store away, and undoes one that did not.
 //!
 //! Everything about one tenant (create, open, info, delete) reads that tenant's directory
 //! only, never the others': its cost does not grow with the number of tenants. Only `list`
@@ -32,6 +39,12 @@ use crate::tenant_lock::{self, LockError};
 
 const RECORD: &str = "tenant.json";
 const DB: &str = "db";
+/// A restore's copy of a snapshot's store, whole, before it takes the store's place.
+const RESTORING_DB: &str = "db.restoring";
+/// The store a restore replaces, until the restore is finished.
+const REPLACED_DB: &str = "db.replaced";
+/// The record a restore brings, until it is in place.
+const RESTORING_RECORD: &str = "tenant.json.restoring";
 const FORMAT_VERSION: u32 = 1;
 /// Block size of a new volume when none is given.
 pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
@@ -368,6 +381,10 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, Tena
     // Unwrap before touching anything: a wrong key must change nothing at rest.
     let key = unwrap_key(data, name, &dir, &record)?;
     let lock = lock(data.root(), name)?;
+    let record = match finish_restore(name, &dir)? {
+        true => read_record(&dir, name)?,
+        false => record,
+    };
     open_store(host, name, &dir, record, key, lock)
 }
 
@@ -380,9 +397,89 @@ pub fn open_locked(
     lock: TenantLock,
 ) -> Result<Tenant, TenantError> {
     let dir = tenant_dir(data.root(), name)?;
+    finish_restore(name, &dir)?;
     let record = read_record(&dir, name)?;
     let key = unwrap_key(data, name, &dir, &record)?;
     open_store(host, name, &dir, record, key, lock)
+}
+
+/// The directory of tenant `name` in the data dir at `root` (which must hold it).
+pub(crate) fn dir_of(root: &Path, name: &str) -> Result<PathBuf, TenantError> {
+    tenant_dir(root, name)
+}
+
+/// Takes tenant `name` for a change that needs it closed: one that is open anywhere is
+/// refused, naming the process that holds it.
+pub(crate) fn lock_closed(root: &Path, name: &str) -> Result<TenantLock, TenantError> {
+    lock(root, name).map_err(|e| match (e, tenant_lock::holder(root, name)) {
+        (TenantError::InUse(_), Some(pid)) => TenantError::InUseBy {
+            name: name.to_owned(),
+            pid,
+            command: process::command(pid),
+        },
+        (e, _) => e,
+    })
+}
+
+/// Puts a copy of the store checkpoint at `checkpoint` (a snapshot's) in place of tenant
+/// `name`'s store, with `device_size` (the snapshot's) in its record. The caller holds the
+/// tenant's lock (`_closed`, from [`lock_closed`]). A crash on the way leaves the tenant as
+/// it was or as restored: the next holder of its lock finishes or undoes it.
+pub(crate) fn replace_store(
+    root: &Path,
+    name: &str,
+    _closed: &TenantLock,
+    checkpoint: &Path,
+    device_size: Option<u64>,
+) -> Result<(), TenantError> {
+    let dir = tenant_dir(root, name)?;
+    finish_restore(name, &dir)?;
+    let mut record = read_record(&dir, name)?;
+    record.device_size = device_size;
+    let (copy, replaced) = (dir.join(RESTORING_DB), dir.join(REPLACED_DB));
+    TenantDb::copy_checkpoint(name, checkpoint, &copy)?;
+    let json = serde_json::to_vec_pretty(&record).expect("record serialises");
+    let record_path = dir.join(RESTORING_RECORD);
+    write_atomic(&record_path, &json, 0o600).map_err(io_err(&record_path))?;
+    fail::fail_point!("restore-staged");
+    let db = dir.join(DB);
+    fs::rename(&db, &replaced).map_err(io_err(&db))?;
+    sync_dir(&dir).map_err(io_err(&dir))?;
+    fail::fail_point!("restore-swapping");
+    finish_restore(name, &dir)?;
+    Ok(())
+}
+
+/// Finishes a restore of the tenant in `dir` that renamed its store away, or undoes one that
+/// did not get so far (see [`replace_store`]); `Ok(true)` if it finished one. The caller holds
+/// the tenant's lock.
+fn finish_restore(name: &str, dir: &Path) -> Result<bool, TenantError> {
+    let (db, copy, replaced) = (dir.join(DB), dir.join(RESTORING_DB), dir.join(REPLACED_DB));
+    let record = dir.join(RESTORING_RECORD);
+    if !replaced.exists() {
+        // Nothing was changed: the copy (or its staging directory) and the record go.
+        for path in [copy.clone(), dir.join(format!("{RESTORING_DB}.staging"))] {
+            match fs::remove_dir_all(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&path)(e)),
+                _ => {}
+            }
+        }
+        match fs::remove_file(&record) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&record)(e)),
+            _ => {}
+        }
+        return Ok(false);
+    }
+    if !db.exists() {
+        fs::rename(&copy, &db).map_err(io_err(&copy))?;
+    }
+    if record.exists() {
+        fs::rename(&record, dir.join(RECORD)).map_err(io_err(&record))?;
+    }
+    sync_dir(dir).map_err(io_err(dir))?;
+    fs::remove_dir_all(&replaced).map_err(io_err(&replaced))?;
+    tracing::info!(tenant = name, "restore finished");
+    Ok(true)
 }
 
 /// The tenant's key, unwrapped under the data dir's master key.

@@ -71,6 +71,10 @@ pub enum Command {
     /// Inspect and steer the host cache of the process serving the mounts.
     #[command(subcommand)]
     Cache(CacheCommand),
+    /// Snapshots of a tenant or block volume: take, list, delete (`tenant restore` goes back
+    /// to one).
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Block volumes: create, list, resize, delete; attach as /dev/ublkbN or over NBD through
     /// the daemon.
     #[command(subcommand)]
@@ -125,6 +129,23 @@ pub enum VolumeCommand {
     /// Stop serving volume NAME (NBD clients are disconnected, a device is deleted, refused
     /// while mounted; the store is synced and closed).
     Detach { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum SnapshotCommand {
+    /// Take snapshot NAME of TENANT (a tenant or block volume): its files as they are now,
+    /// sharing its store's files. A mounted or attached one is snapshotted while it runs,
+    /// through the process that serves it: what was written before is in the snapshot.
+    Create { tenant: String, name: String },
+    /// List the snapshots of TENANT, or of every tenant.
+    List {
+        tenant: Option<String>,
+        /// Print a JSON array.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete snapshot NAME of TENANT (the disk only it holds comes back).
+    Delete { tenant: String, name: String },
 }
 
 #[derive(Subcommand)]
@@ -194,8 +215,15 @@ pub enum TenantCommand {
         #[arg(long)]
         json: bool,
     },
-    /// Delete a tenant and all its data.
+    /// Delete a tenant and all its data, its snapshots included.
     Delete { name: String },
+    /// Put tenant NAME (or block volume) back to one of its snapshots: its files become the
+    /// snapshot's (which stays). Refused while it is mounted or attached.
+    Restore {
+        name: String,
+        #[arg(long)]
+        snapshot: String,
+    },
     /// Change a tenant's settings: its quota (`--quota-bytes 10G`, `--quota-inodes N`, kept
     /// in its record, at once if it is mounted) and a mounted tenant's I/O limits on every
     /// mount of it (`--iops` requests a second, `--bandwidth 100M` bytes a second, `--weight`

@@ -5,12 +5,14 @@ mod args;
 pub mod base;
 pub mod cache;
 pub mod mount;
+pub mod snapshot;
 pub mod stats;
 pub mod tenant;
 pub mod volume;
 
 pub use args::{
-    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, Limit, TenantCommand, VolumeCommand,
+    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, Limit, SnapshotCommand, TenantCommand,
+    VolumeCommand,
 };
 
 use std::path::PathBuf;

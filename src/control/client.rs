@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use super::protocol::{AttachVia, Refusal, Reply, Request, Response};
 use super::replies::{
-    CacheReleaseReply, CacheReport, LimitsReply, MountReply, QuotaReply, StatsReply,
+    CacheReleaseReply, CacheReport, LimitsReply, MountReply, QuotaReply, SnapshotReply, StatsReply,
     TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
 };
 
@@ -172,6 +172,15 @@ impl Client {
             },
             Quota
         )
+    }
+
+    /// Takes snapshot `name` of `tenant`, served here.
+    pub fn snapshot_create(&self, tenant: &str, name: &str) -> Result<SnapshotReply, ControlError> {
+        let req = Request::SnapshotCreate {
+            tenant: tenant.to_owned(),
+            name: name.to_owned(),
+        };
+        call!(self, req, Snapshot)
     }
 
     pub fn stats(&self) -> Result<StatsReply, ControlError> {

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::replies::{
-    CacheReleaseReply, CacheReport, LimitsReply, MountReply, QuotaReply, StatsReply,
+    CacheReleaseReply, CacheReport, LimitsReply, MountReply, QuotaReply, SnapshotReply, StatsReply,
     TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
 };
 
@@ -70,6 +70,9 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         inodes: Option<u64>,
     },
+    /// Take snapshot `name` of `tenant`, which this process serves (mounted or attached):
+    /// its store at one instant, everything written before the request in it.
+    SnapshotCreate { tenant: String, name: String },
 }
 
 /// How a block volume is to be served.
@@ -134,6 +137,7 @@ pub enum Reply {
     VolumeDetach(VolumeDetachReply),
     Limits(LimitsReply),
     Quota(QuotaReply),
+    Snapshot(SnapshotReply),
 }
 
 /// Why a request was not carried out. Callers decide on `code`; `message` is for people.
@@ -175,6 +179,8 @@ pub enum RefusalCode {
     AlreadyAttached,
     /// This process does not serve that volume.
     NotAttached,
+    /// The snapshot was not taken (the message says why; nothing was changed).
+    SnapshotFailed,
     /// A code from a newer server.
     #[serde(other)]
     Unknown,

@@ -109,6 +109,14 @@ pub struct LimitsReply {
     pub mounts: Vec<MountLimits>,
 }
 
+/// A snapshot just taken of a served tenant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotReply {
+    pub snapshot: crate::snapshots::SnapshotInfo,
+    /// How long taking it held the tenant's store, in microseconds.
+    pub took_us: u64,
+}
+
 /// A tenant's quota and what its files take, after `set_quota`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaReply {

@@ -33,6 +33,7 @@ use crate::volume::{Opening, Volume, VolumeError};
 
 mod attached;
 mod block_volumes;
+mod snapshots;
 mod tenant_settings;
 
 pub use attached::Attached;
@@ -554,6 +555,9 @@ impl ServingHost {
                 bytes,
                 inodes,
             } => Reply::Quota(self.set_quota(&tenant, bytes, inodes)?),
+            Request::SnapshotCreate { tenant, name } => {
+                Reply::Snapshot(self.snapshot(&tenant, &name)?)
+            }
         })
     }
 

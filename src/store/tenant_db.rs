@@ -553,6 +553,13 @@ impl TenantDb {
         super::checkpoint::create(&self.db, &self.tenant, &self.extents, target)
     }
 
+    /// Writes a copy of the checkpoint at `source` (one [`Self::checkpoint`] wrote, never
+    /// opened) into `target`: a store of its own that shares the checkpoint's immutable
+    /// files, for tenant `tenant` (named in errors). `source` is not changed.
+    pub fn copy_checkpoint(tenant: &str, source: &Path, target: &Path) -> Result<(), StoreError> {
+        super::checkpoint::copy(tenant, source, target)
+    }
+
     /// This store's extent files: bulk data written beside RocksDB (see `extents`).
     pub fn extent_files(&self) -> &ExtentFiles {
         &self.extents

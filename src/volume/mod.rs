@@ -31,7 +31,7 @@ mod orphans;
 mod privileges;
 mod readahead;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 mod types;
 mod usage;
 mod xattrs;

@@ -202,13 +202,25 @@ impl Readahead {
     ) -> bool {
         let jobs = Arc::clone(&self.jobs);
         let tenant = Arc::downgrade(tenant);
-        submit(Box::new(move || {
+        self.jobs.queued();
+        let queued = submit(Box::new(move || {
             jobs.run(|| {
                 if let Some(t) = tenant.upgrade() {
                     let _ = job(&t);
                 }
             });
-        }))
+        }));
+        if !queued {
+            self.jobs.dropped();
+        }
+        queued
+    }
+
+    /// Waits until no fetch of this volume is queued or running (a test's cache is then
+    /// changed by nothing but the test).
+    #[cfg(test)]
+    pub(crate) fn wait_idle(&self) {
+        self.jobs.wait_idle();
     }
 
     /// Whether a job of this volume read `span` from the disk and no reader has passed it
@@ -360,6 +372,8 @@ struct Jobs {
 #[derive(Default)]
 struct JobsState {
     running: usize,
+    /// Queued or running.
+    pending: usize,
     closed: bool,
 }
 
@@ -373,11 +387,26 @@ impl Jobs {
         }
     }
 
-    /// Runs `f` unless the volume closed; `close` waits for it meanwhile.
+    /// Counts a job about to be queued (see [`Self::run`], [`Self::dropped`]).
+    fn queued(&self) {
+        self.state.lock().expect("readahead jobs lock").pending += 1;
+    }
+
+    /// A job counted by [`Self::queued`] that was not queued after all.
+    fn dropped(&self) {
+        let mut st = self.state.lock().expect("readahead jobs lock");
+        st.pending -= 1;
+        self.idle.notify_all();
+    }
+
+    /// Runs `f` (a job counted by [`Self::queued`]) unless the volume closed; `close` waits
+    /// for it meanwhile.
     fn run(&self, f: impl FnOnce()) {
         {
             let mut st = self.state.lock().expect("readahead jobs lock");
             if st.closed {
+                st.pending -= 1;
+                self.idle.notify_all();
                 return;
             }
             st.running += 1;
@@ -385,8 +414,16 @@ impl Jobs {
         f();
         let mut st = self.state.lock().expect("readahead jobs lock");
         st.running -= 1;
-        if st.running == 0 {
-            self.idle.notify_all();
+        st.pending -= 1;
+        self.idle.notify_all();
+    }
+
+    /// Waits until no job of the volume is queued or running.
+    #[cfg(test)]
+    fn wait_idle(&self) {
+        let mut st = self.state.lock().expect("readahead jobs lock");
+        while st.pending > 0 {
+            st = self.idle.wait(st).expect("readahead jobs lock");
         }
     }
 }

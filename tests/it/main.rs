@@ -23,6 +23,7 @@ mod generators;
 mod mount_helper;
 mod pressure_live;
 mod shipped_binary;
+mod snapshots;
 mod store_ffi;
 mod systemd_units;
 mod vm;

@@ -1,0 +1,233 @@
+//! Snapshots through the real binary: of a tenant mounted through the daemon while a writer
+//! fsyncs records into it (the restore holds every record synced before the call, and
+//! nothing written after it), of a closed tenant, and the refusals (restore while mounted,
+//! unknown names, a name taken twice).
+
+use std::io::BufRead;
+use std::path::Path;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::mount::{start_daemon, Host};
+use crate::common::noise;
+use crate::common::process::cmd;
+use crate::common::trees::write_synced;
+
+/// Appends 64 KiB records (record i: its number in 8 digits, over and over) to `log`,
+/// fsyncing each and printing its number once it is synced.
+const WRITER: &str = r#"
+import os, sys
+fd = os.open(os.path.join(sys.argv[1], "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+i = 0
+while True:
+    os.write(fd, (b"%08d" % i) * 8192)
+    os.fsync(fd)
+    print(i, flush=True)
+    i += 1
+"#;
+const RECORD: usize = 64 << 10;
+
+/// The writer, and the number of the last record it synced (-1: none yet).
+fn start_writer(mp: &Path) -> (std::process::Child, Arc<AtomicI64>) {
+    let mut child = cmd("python3", &["-c", WRITER, mp.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let synced = Arc::new(AtomicI64::new(-1));
+    let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let last = Arc::clone(&synced);
+    std::thread::spawn(move || {
+        for line in lines.map_while(Result::ok) {
+            last.store(line.trim().parse().unwrap(), Ordering::SeqCst);
+        }
+    });
+    (child, synced)
+}
+
+fn wait_for(synced: &AtomicI64, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while synced.load(Ordering::SeqCst) < n {
+        assert!(
+            Instant::now() < deadline,
+            "the writer is stuck before record {n}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The number of whole records in `log`, each checked; the tail past them must be the
+/// start of the next record.
+fn whole_records(log: &[u8]) -> usize {
+    let n = log.len() / RECORD;
+    for (i, record) in log.chunks(RECORD).enumerate() {
+        let want = format!("{i:08}").repeat(RECORD / 8);
+        assert!(
+            want.as_bytes().starts_with(record),
+            "record {i} of {n} is torn or wrong"
+        );
+    }
+    n
+}
+
+#[test]
+fn a_mounted_tenant_is_snapshotted_while_written_and_restores_what_was_synced_before() {
+    let h = Host::new("snap-live");
+    h.create_tenant("t");
+    let mp = h.dir("m");
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let mount = || {
+        h.ok(&["mount", "t", mp.to_str().unwrap()]);
+        h.guard("t", &mp, d.0.id())
+    };
+    let guard = mount();
+    let bulk = noise(5, 24 << 20);
+    write_synced(&mp.join("bulk"), &bulk);
+    std::fs::create_dir(mp.join("dir")).unwrap();
+    write_synced(&mp.join("dir/before"), b"synced before the snapshot");
+
+    let (mut writer, synced) = start_writer(&mp);
+    wait_for(&synced, 20);
+    let before = synced.load(Ordering::SeqCst);
+    let out = h.ok(&["snapshot", "create", "t", "s1"]);
+    assert!(
+        out.contains("took snapshot s1 of tenant t while it is served"),
+        "{out}"
+    );
+    write_synced(&mp.join("dir/after"), b"written after the snapshot");
+    std::fs::write(mp.join("bulk"), b"the tenant's bulk data, rewritten").unwrap();
+    wait_for(&synced, before + 20);
+    writer.kill().unwrap();
+    writer.wait().unwrap();
+    let records_now = whole_records(&std::fs::read(mp.join("log")).unwrap());
+
+    let listed: serde_json::Value =
+        serde_json::from_str(&h.ok(&["snapshot", "list", "t", "--json"])).unwrap();
+    assert_eq!(listed[0]["name"], "s1", "{listed}");
+    assert_eq!(listed[0]["tenant"], "t", "{listed}");
+    let e = h.fails(&["tenant", "restore", "t", "--snapshot", "s1"]);
+    assert!(
+        e.contains("in use by process") && e.contains("unmount it"),
+        "{e}"
+    );
+    assert!(
+        mp.join("dir/after").exists(),
+        "a refused restore changed the tenant"
+    );
+
+    h.ok(&["umount", mp.to_str().unwrap()]);
+    drop(guard);
+    let out = h.ok(&["tenant", "restore", "t", "--snapshot", "s1"]);
+    assert!(out.contains("restored tenant t to snapshot s1"), "{out}");
+    let guard = mount();
+    assert!(std::fs::read(mp.join("bulk")).unwrap() == bulk, "bulk data");
+    assert_eq!(
+        std::fs::read(mp.join("dir/before")).unwrap(),
+        b"synced before the snapshot"
+    );
+    assert!(
+        !mp.join("dir/after").exists(),
+        "a file made after the snapshot"
+    );
+    let records = whole_records(&std::fs::read(mp.join("log")).unwrap());
+    assert!(
+        records as i64 > before && records < records_now,
+        "{records} records: every one synced before the call ({}) and not all of them \
+         since ({records_now})",
+        before + 1
+    );
+    // The restored tenant writes on its own; the snapshot stays as it was.
+    write_synced(&mp.join("dir/after restore"), b"new");
+    h.ok(&["umount", mp.to_str().unwrap()]);
+    drop(guard);
+    h.ok(&["tenant", "restore", "t", "--snapshot", "s1"]);
+    let guard = mount();
+    assert!(!mp.join("dir/after restore").exists());
+    assert_eq!(
+        whole_records(&std::fs::read(mp.join("log")).unwrap()),
+        records
+    );
+    // Deleting the snapshot of a mounted tenant leaves the tenant whole.
+    let out = h.ok(&["snapshot", "delete", "t", "s1"]);
+    assert!(out.contains("deleted snapshot s1 of tenant t"), "{out}");
+    assert!(std::fs::read(mp.join("bulk")).unwrap() == bulk);
+    h.ok(&["umount", mp.to_str().unwrap()]);
+    drop(guard);
+    d.terminate_cleanly(&[&mp]);
+}
+
+#[test]
+fn a_closed_tenant_is_snapshotted_restored_and_bad_requests_say_what_to_do() {
+    let h = Host::new("snap-cli");
+    h.create_tenant("t");
+    let mp = h.dir("m");
+    let m = h.mount("t", &mp, "");
+    write_synced(&mp.join("f"), b"one");
+    m.umount();
+    let out = h.ok(&["snapshot", "create", "t", "one"]);
+    assert!(out.contains("took snapshot one of tenant t in"), "{out}");
+    let m = h.mount("t", &mp, "");
+    write_synced(&mp.join("f"), b"two");
+    write_synced(&mp.join("g"), &noise(9, 4 << 20));
+    m.umount();
+    h.ok(&["snapshot", "create", "t", "two"]);
+    let table = h.ok(&["snapshot", "list"]);
+    assert!(
+        table.contains("CREATED (UTC)") && table.contains(" one ") && table.contains(" two "),
+        "{table}"
+    );
+
+    for (args, says) in [
+        (
+            vec!["snapshot", "create", "t", "one"],
+            "has a snapshot one already",
+        ),
+        (
+            vec!["snapshot", "create", "t", "a/b"],
+            "invalid snapshot name",
+        ),
+        (
+            vec!["snapshot", "create", "nobody", "x"],
+            "unknown tenant nobody",
+        ),
+        (
+            vec!["snapshot", "delete", "t", "three"],
+            "has no snapshot three",
+        ),
+        (
+            vec!["tenant", "restore", "t", "--snapshot", "three"],
+            "has no snapshot three",
+        ),
+        (vec!["snapshot", "list", "nobody"], "unknown tenant nobody"),
+    ] {
+        let e = h.fails(&args);
+        assert!(e.contains(says), "{args:?}: {e}");
+    }
+
+    h.ok(&["tenant", "restore", "t", "--snapshot", "one"]);
+    let m = h.mount("t", &mp, "");
+    assert_eq!(std::fs::read(mp.join("f")).unwrap(), b"one");
+    assert!(!mp.join("g").exists());
+    m.umount();
+    h.ok(&["tenant", "restore", "t", "--snapshot", "two"]);
+    let m = h.mount("t", &mp, "");
+    assert_eq!(std::fs::read(mp.join("f")).unwrap(), b"two");
+    assert!(std::fs::read(mp.join("g")).unwrap() == noise(9, 4 << 20));
+    m.umount();
+    // The tenant's disk counts each shared file once, as du does (and not as du
+    // --count-links, which counts g's data in snapshot two and in the store).
+    let disk = h.disk_bytes("t");
+    let du = |args: &[&str]| -> u64 {
+        let dir = h.data.join("tenants/t");
+        let out = crate::common::process::check(cmd("du", args).arg(&dir));
+        out.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let (once, every_link) = (du(&["-sB1"]), du(&["-sB1", "--count-links"]));
+    assert!(
+        disk <= once && disk + (4 << 20) <= every_link,
+        "tenant list says {disk} bytes; du: {once}, {every_link} with every link"
+    );
+    h.ok(&["tenant", "delete", "t"]);
+    let out = h.ok(&["snapshot", "list"]);
+    assert!(out.contains("no snapshots"), "{out}");
+}
