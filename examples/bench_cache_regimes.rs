@@ -79,7 +79,7 @@ fn main() {
     let wrapped = master
         .wrap_tenant_key("bench", &TenantKey::generate().unwrap())
         .unwrap();
-    let tenant_key = || Encryption::Tenant(master.unwrap_tenant_key("bench", &wrapped).unwrap());
+    let tenant_key = || Encryption::of_key(master.unwrap_tenant_key("bench", &wrapped).unwrap());
 
     eprintln!("building {records} records x {VALUE} B (encrypted, LZ4)");
     {

@@ -31,7 +31,7 @@ fn main() {
     let enc = open(
         &host,
         &dir.path().join("enc"),
-        Encryption::Tenant(TenantKey::generate().unwrap()),
+        Encryption::of_key(TenantKey::generate().unwrap()),
         OpenMode::Create,
     );
     fill(&enc, records, len);

@@ -71,7 +71,7 @@ fn main() {
     let wrapped = master
         .wrap_tenant_key("bench", &TenantKey::generate().unwrap())
         .unwrap();
-    let tenant_key = || Encryption::Tenant(master.unwrap_tenant_key("bench", &wrapped).unwrap());
+    let tenant_key = || Encryption::of_key(master.unwrap_tenant_key("bench", &wrapped).unwrap());
     println!("value size vs streaming cost: {mib} MiB file, encrypted store, one run");
     println!(
         "| value | write MiB/s | write CPU s/GiB | cold read MiB/s | cold read CPU s/GiB | \

@@ -18,6 +18,7 @@ pub mod crypto;
 pub mod daemon;
 pub mod data_dir;
 pub mod fair_share;
+pub mod forks;
 mod fs_util;
 pub mod fuse;
 pub mod host;

@@ -66,10 +66,18 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Tenant(TenantCommand::Check { name }) => cli::tenant::check(&cli, name),
         Command::Tenant(TenantCommand::List { json }) => cli::tenant::list(&cli, *json),
-        Command::Tenant(TenantCommand::Delete { name }) => cli::tenant::delete(&cli, name),
+        Command::Tenant(TenantCommand::Delete { name, shred }) => {
+            cli::tenant::delete(&cli, name, *shred)
+        }
         Command::Tenant(TenantCommand::Restore { name, snapshot }) => {
             cli::snapshot::restore(&cli, name, snapshot)
         }
+        Command::Tenant(TenantCommand::Fork {
+            source,
+            new,
+            snapshot,
+        }) => cli::snapshot::fork(&cli, source, new, snapshot.as_deref()),
+        Command::Tenant(TenantCommand::RotateKey { name }) => cli::snapshot::rotate_key(&cli, name),
         Command::Snapshot(SnapshotCommand::Create { tenant, name }) => {
             cli::snapshot::create(&cli, tenant, name)
         }

@@ -54,7 +54,8 @@ pub enum SnapshotError {
     Unknown { tenant: String, name: String },
     #[error(
         "snapshot {name} of tenant {tenant}: record {path} is damaged or of another version \
-         ({detail}); nothing was changed"
+         ({detail}); nothing was changed (`tenantfs snapshot delete {tenant} {name}` removes \
+         it)"
     )]
     BadRecord {
         tenant: String,
@@ -160,11 +161,16 @@ fn read_record(dir: &Path, tenant: &str, name: &str) -> Result<SnapshotRecord, S
     };
     let bytes = fs::read(&path).map_err(io_err(&path))?;
     let record: SnapshotRecord = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
-    if record.format_version != FORMAT_VERSION || record.tenant != tenant || record.name != name {
+    if record.format_version != FORMAT_VERSION {
         return Err(bad(format!(
-            "it names snapshot {:?} of tenant {:?} in format version {}; this tenantfs reads \
-             version {FORMAT_VERSION}",
-            record.name, record.tenant, record.format_version
+            "format version {}; this tenantfs reads version {FORMAT_VERSION}",
+            record.format_version
+        )));
+    }
+    if record.tenant != tenant || record.name != name {
+        return Err(bad(format!(
+            "it names snapshot {:?} of tenant {:?}",
+            record.name, record.tenant
         )));
     }
     Ok(record)
@@ -184,15 +190,15 @@ pub fn create(root: &Path, tenant: &Tenant, name: &str) -> Result<Taken, Snapsho
     if target.exists() {
         return Err(exists());
     }
+    // One create at a time in this process: what is named for this process's pid and not
+    // in place is then a leftover (of an earlier process with the same pid, or a panic).
+    static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = CREATING.lock().unwrap_or_else(|e| e.into_inner());
     fs::create_dir_all(&dir).map_err(io_err(&dir))?;
     remove_leftovers(&dir, name)?;
     let staging = dir.join(format!(".creating-{name}-{}", std::process::id()));
     let started = Instant::now();
-    // Taken already by a create of the same name in this process, which goes on.
-    fs::create_dir(&staging).map_err(|e| match e.kind() {
-        std::io::ErrorKind::AlreadyExists => exists(),
-        _ => io_err(&staging)(e),
-    })?;
+    fs::create_dir(&staging).map_err(io_err(&staging))?;
     let result = (|| {
         tenant.db().checkpoint(&staging.join(DB))?;
         let took = started.elapsed();
@@ -232,7 +238,8 @@ pub fn create(root: &Path, tenant: &Tenant, name: &str) -> Result<Taken, Snapsho
 }
 
 /// Removes what an earlier create or delete of snapshot `name` in `dir` left when it was
-/// killed: directories named for it that are not a snapshot, of processes that are gone.
+/// killed: directories named for it that are not a snapshot, of processes that are gone (or
+/// of this one: see [`create`]).
 fn remove_leftovers(dir: &Path, name: &str) -> Result<(), SnapshotError> {
     let entries = fs::read_dir(dir).map_err(io_err(dir))?;
     for entry in entries.flatten() {
@@ -248,7 +255,7 @@ fn remove_leftovers(dir: &Path, name: &str) -> Result<(), SnapshotError> {
         };
         let gone = pid
             .parse::<u32>()
-            .is_ok_and(|pid| pid != std::process::id() && crate::process::going_away(pid));
+            .is_ok_and(|pid| pid == std::process::id() || crate::process::going_away(pid));
         if of == name && gone {
             let path = entry.path();
             fs::remove_dir_all(&path).map_err(io_err(&path))?;
@@ -308,17 +315,29 @@ pub fn list(root: &Path, tenant: Option<&str>) -> Result<Vec<SnapshotInfo>, Snap
 }
 
 /// Deletes snapshot `name` of `tenant` (mounted or not: the tenant's store does not name
-/// the snapshot's files). The disk its own files took comes back; files the store or another
-/// snapshot shares stay.
-pub fn delete(root: &Path, tenant: &str, name: &str) -> Result<SnapshotInfo, SnapshotError> {
+/// the snapshot's files), a damaged one too. The disk its own files took comes back (the
+/// bytes returned); files the store or another snapshot shares stay.
+pub fn delete(root: &Path, tenant: &str, name: &str) -> Result<u64, SnapshotError> {
     let dir = snapshot_dir(root, tenant, name)?;
-    let info = read_record(&dir, tenant, name)?.info(&dir);
+    let own = tree_usage(&dir).own;
     let parent = snapshots_dir(root, tenant)?;
     let doomed = parent.join(format!(".deleting-{name}-{}", std::process::id()));
     fs::rename(&dir, &doomed).map_err(io_err(&dir))?;
     sync_dir(&parent).map_err(io_err(&parent))?;
     fs::remove_dir_all(&doomed).map_err(io_err(&doomed))?;
-    Ok(info)
+    Ok(own)
+}
+
+/// The store directory of snapshot `name` of `tenant` (a checkpoint never opened) and the
+/// device size it records (a block volume's), for a copy of it.
+pub(crate) fn store_of(
+    root: &Path,
+    tenant: &str,
+    name: &str,
+) -> Result<(PathBuf, Option<u64>), SnapshotError> {
+    let dir = snapshot_dir(root, tenant, name)?;
+    let record = read_record(&dir, tenant, name)?;
+    Ok((dir.join(DB), record.device_size))
 }
 
 /// Puts tenant `tenant` back to snapshot `name`: its store becomes a copy of the snapshot's
@@ -326,8 +345,8 @@ pub fn delete(root: &Path, tenant: &str, name: &str) -> Result<SnapshotInfo, Sna
 /// the snapshot's. Refused while any process has the tenant open (mounted, attached).
 pub fn restore(root: &Path, tenant: &str, name: &str) -> Result<SnapshotInfo, SnapshotError> {
     let dir = snapshot_dir(root, tenant, name)?;
-    let record = read_record(&dir, tenant, name)?;
     let closed = tenants::lock_closed(root, tenant)?;
+    let record = read_record(&dir, tenant, name)?;
     tenants::replace_store(root, tenant, &closed, &dir.join(DB), record.device_size)?;
     Ok(record.info(&dir))
 }

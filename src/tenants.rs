@@ -24,11 +24,12 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::crypto::{KeyError, TenantKey};
+use crate::crypto::{KeyError, KeyId, Keyring, TenantKey};
 use crate::data_dir::{tenants_dir, DataDir};
 use crate::fs_util::{sync_dir, tree_bytes, write_atomic};
 use crate::process;
@@ -45,7 +46,9 @@ const RESTORING_DB: &str = "db.restoring";
 const REPLACED_DB: &str = "db.replaced";
 /// The record a restore brings, until it is in place.
 const RESTORING_RECORD: &str = "tenant.json.restoring";
-const FORMAT_VERSION: u32 = 1;
+/// The record's layout: 2 holds a ring of keys (`keys`, `writing_key`). A record of 1 (one
+/// key, `wrapped_key`) is read as a ring of that key and written as 2 when it next changes.
+const FORMAT_VERSION: u32 = 2;
 /// Block size of a new volume when none is given.
 pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
 
@@ -134,8 +137,17 @@ struct TenantRecord {
     name: String,
     block_size: u32,
     created_unix: u64,
-    /// Tenant key sealed under the master key (hex).
-    wrapped_key: String,
+    /// Format 1: the tenant's one key, sealed under the master key (hex). Read as key
+    /// `KeyId::FIRST` of a ring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wrapped_key: Option<String>,
+    /// Format 2: the tenant's keys: its own and, for a fork, the keys of the files it shares
+    /// with its source, each sealed under the master key bound to this tenant's name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    keys: Vec<RecordKey>,
+    /// The id of the key its new files are sealed under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    writing_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     base: Option<String>,
     /// Set for a block volume: the size of its device.
@@ -146,7 +158,43 @@ struct TenantRecord {
     quota: Quota,
 }
 
+/// One key of a tenant's ring in its record.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RecordKey {
+    /// [`KeyId`] in hex: the id file headers name.
+    id: String,
+    /// The key sealed under the master key, bound to the tenant's name (hex).
+    wrapped: String,
+}
+
 impl TenantRecord {
+    /// The record of new tenant `name`, made now, with `keys` (new files sealed under
+    /// `writing`) and what `new` says (its block size aside: `block_size`).
+    fn new(
+        name: &str,
+        block_size: u32,
+        keys: Vec<RecordKey>,
+        writing: KeyId,
+        new: &NewTenant,
+    ) -> Self {
+        Self {
+            format_version: FORMAT_VERSION,
+            name: name.to_owned(),
+            block_size,
+            created_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            wrapped_key: None,
+            keys,
+            writing_key: Some(writing.to_hex()),
+            base: new.base.map(str::to_owned),
+            device_size: new.device_size,
+            quota: new.quota,
+        }
+    }
+
     fn info(self, disk_bytes: u64) -> TenantInfo {
         TenantInfo {
             name: self.name,
@@ -201,6 +249,8 @@ pub struct Tenant {
     info: TenantInfo,
     db: TenantDb,
     lock: TenantLock,
+    /// The ring its store seals and opens files with (a rotation changes it in place).
+    keys: Arc<Keyring>,
 }
 
 impl Tenant {
@@ -210,6 +260,11 @@ impl Tenant {
 
     pub fn db(&self) -> &TenantDb {
         &self.db
+    }
+
+    /// The ring its store seals and opens files with.
+    pub fn keys(&self) -> &Keyring {
+        &self.keys
     }
 
     /// Another hold on the tenant's lock: it stays taken after this [`Tenant`] (and its
@@ -241,8 +296,33 @@ pub fn create_as(
     name: &str,
     new: &NewTenant,
 ) -> Result<TenantInfo, TenantError> {
-    validate_name(name)?;
     let block_size = validate_block_size(new.block_size.unwrap_or(DEFAULT_BLOCK_SIZE as u64))?;
+    create_staged(name, data, |staging| {
+        let (id, key) = (KeyId::generate()?, TenantKey::generate()?);
+        let keys = vec![RecordKey {
+            id: id.to_hex(),
+            wrapped: hex::encode(data.master_key().wrap_tenant_key(name, &key)?),
+        }];
+        drop(TenantDb::open(
+            host,
+            name,
+            &staging.join(DB),
+            Encryption::Tenant(Arc::new(Keyring::single(id, key))),
+            OpenMode::Create,
+        )?);
+        Ok(TenantRecord::new(name, block_size, keys, id, new))
+    })
+}
+
+/// Makes tenant `name` appear whole: `build` fills a hidden staging directory (its store) and
+/// returns the record, which is written there before the directory is renamed into place; a
+/// failure removes the staging directory.
+fn create_staged(
+    name: &str,
+    data: &DataDir,
+    build: impl FnOnce(&Path) -> Result<TenantRecord, TenantError>,
+) -> Result<TenantInfo, TenantError> {
+    validate_name(name)?;
     let root = data.tenants_dir();
     let dir = root.join(name);
     if dir.exists() {
@@ -251,39 +331,16 @@ pub fn create_as(
     let staging = root.join(format!(".creating-{name}-{}", std::process::id()));
     let result = (|| {
         fs::create_dir(&staging).map_err(io_err(&staging))?;
-        let key = TenantKey::generate()?;
-        let record = TenantRecord {
-            format_version: FORMAT_VERSION,
-            name: name.to_owned(),
-            block_size,
-            created_unix: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
-            wrapped_key: hex::encode(data.master_key().wrap_tenant_key(name, &key)?),
-            base: new.base.map(str::to_owned),
-            device_size: new.device_size,
-            quota: new.quota,
-        };
+        let record = build(&staging)?;
         let json = serde_json::to_vec_pretty(&record).expect("record serialises");
         let record_path = staging.join(RECORD);
         write_atomic(&record_path, &json, 0o600).map_err(io_err(&record_path))?;
-        drop(TenantDb::open(
-            host,
-            name,
-            &staging.join(DB),
-            Encryption::Tenant(key),
-            OpenMode::Create,
-        )?);
         // rename(2) will not replace a non-empty directory, so a racing create loses cleanly.
         fs::rename(&staging, &dir).map_err(|e| {
             if dir.exists() {
                 TenantError::Exists(name.to_owned())
             } else {
-                TenantError::Io {
-                    path: dir.clone(),
-                    source: e,
-                }
+                io_err(&dir)(e)
             }
         })?;
         sync_dir(&root).map_err(io_err(&root))?;
@@ -304,17 +361,45 @@ fn read_record(dir: &Path, name: &str) -> Result<TenantRecord, TenantError> {
             path: path.clone(),
             detail: e.to_string(),
         })?;
-    if record.name != name || record.format_version != FORMAT_VERSION {
-        return Err(TenantError::BadRecord {
-            name: name.to_owned(),
-            path,
-            detail: format!(
-                "names tenant {:?} with format version {}",
-                record.name, record.format_version
-            ),
-        });
+    let bad = |detail: String| TenantError::BadRecord {
+        name: name.to_owned(),
+        path: path.clone(),
+        detail,
+    };
+    if record.name != name || !(1..=FORMAT_VERSION).contains(&record.format_version) {
+        return Err(bad(format!(
+            "it names tenant {:?} with format version {}; this tenantfs reads versions 1 to \
+             {FORMAT_VERSION} (a newer tenantfs wrote it? use that one)",
+            record.name, record.format_version
+        )));
     }
-    Ok(record)
+    let mut record = record;
+    let v1 = record.format_version == 1;
+    match (v1, record.wrapped_key.take(), record.keys.is_empty()) {
+        (true, Some(wrapped), true) if record.writing_key.is_none() => {
+            record.keys = vec![RecordKey {
+                id: KeyId::FIRST.to_hex(),
+                wrapped,
+            }];
+            record.writing_key = Some(KeyId::FIRST.to_hex());
+            record.format_version = FORMAT_VERSION;
+        }
+        (false, None, false) => {}
+        _ => {
+            return Err(bad(format!(
+                "its keys do not fit format version {}",
+                record.format_version
+            )))
+        }
+    }
+    let ids: Option<Vec<KeyId>> = record.keys.iter().map(|k| KeyId::from_hex(&k.id)).collect();
+    let writing = record.writing_key.as_deref().and_then(KeyId::from_hex);
+    match (ids, writing) {
+        (Some(ids), Some(w)) if ids.contains(&w) => Ok(record),
+        _ => Err(bad(
+            "a key id is not 16 hex digits, or the writing key is not among its keys".into(),
+        )),
+    }
 }
 
 fn tenant_dir(root: &Path, name: &str) -> Result<PathBuf, TenantError> {
@@ -363,15 +448,19 @@ pub fn list(root: &Path) -> Result<Vec<TenantInfo>, TenantError> {
     Ok(out)
 }
 
-/// Takes tenant `name` of the data dir at `root` for this process (see [`tenant_lock`]).
+/// Takes tenant `name` of the data dir at `root` for this process (see [`tenant_lock`]), and
+/// finishes (or undoes) a restore of it that was cut short, so that whoever holds the lock
+/// sees the tenant whole.
 fn lock(root: &Path, name: &str) -> Result<TenantLock, TenantError> {
-    tenant_lock::lock(root, name).map_err(|e| match e {
+    let lock = tenant_lock::lock(root, name).map_err(|e| match e {
         LockError::Held => TenantError::InUse(name.to_owned()),
         LockError::Io { path, source } => TenantError::Io {
             path: PathBuf::from(path),
             source,
         },
-    })
+    })?;
+    finish_restore(name, &tenants_dir(root).join(name))?;
+    Ok(lock)
 }
 
 /// Opens a tenant's store, holding its lock until the returned [`Tenant`] drops.
@@ -379,13 +468,12 @@ pub fn open(data: &DataDir, host: &StoreHost, name: &str) -> Result<Tenant, Tena
     let dir = tenant_dir(data.root(), name)?;
     let record = read_record(&dir, name)?;
     // Unwrap before touching anything: a wrong key must change nothing at rest.
-    let key = unwrap_key(data, name, &dir, &record)?;
+    keyring(data, name, &dir, &record)?;
     let lock = lock(data.root(), name)?;
-    let record = match finish_restore(name, &dir)? {
-        true => read_record(&dir, name)?,
-        false => record,
-    };
-    open_store(host, name, &dir, record, key, lock)
+    // Read again: taking the lock finished a restore that was cut short, if there was one.
+    let record = read_record(&dir, name)?;
+    let keys = keyring(data, name, &dir, &record)?;
+    open_store(host, name, &dir, record, keys, lock)
 }
 
 /// Opens the store of a tenant this process holds locked already (`lock`, taken by an
@@ -397,9 +485,8 @@ pub fn open_locked(
     lock: TenantLock,
 ) -> Result<Tenant, TenantError> {
     let dir = tenant_dir(data.root(), name)?;
-    finish_restore(name, &dir)?;
     let record = read_record(&dir, name)?;
-    let key = unwrap_key(data, name, &dir, &record)?;
+    let key = keyring(data, name, &dir, &record)?;
     open_store(host, name, &dir, record, key, lock)
 }
 
@@ -433,7 +520,6 @@ pub(crate) fn replace_store(
     device_size: Option<u64>,
 ) -> Result<(), TenantError> {
     let dir = tenant_dir(root, name)?;
-    finish_restore(name, &dir)?;
     let mut record = read_record(&dir, name)?;
     record.device_size = device_size;
     let (copy, replaced) = (dir.join(RESTORING_DB), dir.join(REPLACED_DB));
@@ -451,9 +537,8 @@ pub(crate) fn replace_store(
 }
 
 /// Finishes a restore of the tenant in `dir` that renamed its store away, or undoes one that
-/// did not get so far (see [`replace_store`]); `Ok(true)` if it finished one. The caller holds
-/// the tenant's lock.
-fn finish_restore(name: &str, dir: &Path) -> Result<bool, TenantError> {
+/// did not get so far (see [`replace_store`]). The caller holds the tenant's lock.
+fn finish_restore(name: &str, dir: &Path) -> Result<(), TenantError> {
     let (db, copy, replaced) = (dir.join(DB), dir.join(RESTORING_DB), dir.join(REPLACED_DB));
     let record = dir.join(RESTORING_RECORD);
     if !replaced.exists() {
@@ -468,7 +553,7 @@ fn finish_restore(name: &str, dir: &Path) -> Result<bool, TenantError> {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&record)(e)),
             _ => {}
         }
-        return Ok(false);
+        return Ok(());
     }
     if !db.exists() {
         fs::rename(&copy, &db).map_err(io_err(&copy))?;
@@ -479,24 +564,38 @@ fn finish_restore(name: &str, dir: &Path) -> Result<bool, TenantError> {
     sync_dir(dir).map_err(io_err(dir))?;
     fs::remove_dir_all(&replaced).map_err(io_err(&replaced))?;
     tracing::info!(tenant = name, "restore finished");
-    Ok(true)
+    Ok(())
 }
 
-/// The tenant's key, unwrapped under the data dir's master key.
-fn unwrap_key(
+/// The tenant's keys, unwrapped under the data dir's master key.
+fn keyring(
     data: &DataDir,
     name: &str,
     dir: &Path,
     record: &TenantRecord,
-) -> Result<TenantKey, TenantError> {
-    let wrapped = hex::decode(&record.wrapped_key).map_err(|e| TenantError::BadRecord {
+) -> Result<Keyring, TenantError> {
+    let bad = |detail: String| TenantError::BadRecord {
         name: name.to_owned(),
         path: dir.join(RECORD),
-        detail: e.to_string(),
-    })?;
-    data.master_key()
-        .unwrap_tenant_key(name, &wrapped)
-        .ok_or_else(|| TenantError::WrongKey(name.to_owned()))
+        detail,
+    };
+    let mut keys = Vec::with_capacity(record.keys.len());
+    for k in &record.keys {
+        let id = KeyId::from_hex(&k.id).ok_or_else(|| bad(format!("key id {:?}", k.id)))?;
+        let wrapped = hex::decode(&k.wrapped).map_err(|e| bad(e.to_string()))?;
+        let key = data
+            .master_key()
+            .unwrap_tenant_key(name, &wrapped)
+            .ok_or_else(|| TenantError::WrongKey(name.to_owned()))?;
+        keys.push((id, key));
+    }
+    let writing = record
+        .writing_key
+        .as_deref()
+        .and_then(KeyId::from_hex)
+        .ok_or_else(|| bad("no writing key".into()))?;
+    Keyring::new(keys, writing)
+        .ok_or_else(|| bad("its key ids repeat, or lack the writing key".into()))
 }
 
 fn open_store(
@@ -504,21 +603,124 @@ fn open_store(
     name: &str,
     dir: &Path,
     record: TenantRecord,
-    key: TenantKey,
+    keys: Keyring,
     lock: TenantLock,
 ) -> Result<Tenant, TenantError> {
+    let keys = Arc::new(keys);
     let db = TenantDb::open(
         host,
         name,
         &dir.join(DB),
-        Encryption::Tenant(key),
+        Encryption::Tenant(Arc::clone(&keys)),
         OpenMode::Existing,
     )?;
     Ok(Tenant {
         info: record.info(tree_bytes(dir)),
         db,
         lock,
+        keys,
     })
+}
+
+/// Moves tenant `tenant` (open in this process) to a new key: its files written from now on
+/// are sealed under it (the store starts new files at once); those written before keep
+/// theirs, which stay in its ring. Returns the new key's id.
+pub fn rotate_key(data: &DataDir, tenant: &Tenant) -> Result<KeyId, TenantError> {
+    let (id, key) = add_key(data, &tenant.info.name)?;
+    tenant.keys.rotate_to(id, key);
+    tenant.db.start_new_files(&id.0)?;
+    Ok(id)
+}
+
+/// [`rotate_key`] of tenant `name`, which no process has open: its store starts using the
+/// new key when it next opens.
+pub fn rotate_key_closed(data: &DataDir, name: &str) -> Result<KeyId, TenantError> {
+    tenant_dir(data.root(), name)?;
+    let _closed = lock_closed(data.root(), name)?;
+    Ok(add_key(data, name)?.0)
+}
+
+/// A new key in tenant `name`'s record, as its writing key (the record replaced atomically:
+/// a crash leaves the old ring or the new one). The caller holds the tenant's lock.
+fn add_key(data: &DataDir, name: &str) -> Result<(KeyId, TenantKey), TenantError> {
+    let (id, key) = (KeyId::generate()?, TenantKey::generate()?);
+    let wrapped = hex::encode(data.master_key().wrap_tenant_key(name, &key)?);
+    rewrite_record(data.root(), name, |r| {
+        r.keys.push(RecordKey {
+            id: id.to_hex(),
+            wrapped,
+        });
+        r.writing_key = Some(id.to_hex());
+    })?;
+    fail::fail_point!("key-added");
+    Ok((id, key))
+}
+
+/// Creates tenant `new` as a fork of `source` (open in this process): its store is what
+/// `stage_db` writes into the directory it is given (a checkpoint of the source's store, or
+/// a copy of one of its snapshots), its ring the source's keys (to read the files it
+/// shares) and a key of its own that seals everything it writes; it takes the source's block
+/// size, base and quota, and `device_size`. The source then moves to a new key
+/// ([`rotate_key`]) before the fork appears, so the fork holds no key to anything the source
+/// writes after it. A crash leaves no fork (only a hidden staging directory) and the source
+/// whole, perhaps on its new key.
+pub(crate) fn create_fork(
+    data: &DataDir,
+    source: &Tenant,
+    new: &str,
+    device_size: Option<u64>,
+    stage_db: impl FnOnce(&Path) -> Result<(), TenantError>,
+) -> Result<TenantInfo, TenantError> {
+    create_staged(new, data, |staging| {
+        stage_db(&staging.join(DB))?;
+        fail::fail_point!("fork-staged");
+        let mut keys = Vec::new();
+        let mut wrap_error = None;
+        source.keys.for_each(
+            |id, key| match data.master_key().wrap_tenant_key(new, key) {
+                Ok(w) => keys.push(RecordKey {
+                    id: id.to_hex(),
+                    wrapped: hex::encode(w),
+                }),
+                Err(e) => wrap_error = Some(e),
+            },
+        );
+        if let Some(e) = wrap_error {
+            return Err(e.into());
+        }
+        let (own_id, own) = (KeyId::generate()?, TenantKey::generate()?);
+        keys.push(RecordKey {
+            id: own_id.to_hex(),
+            wrapped: hex::encode(data.master_key().wrap_tenant_key(new, &own)?),
+        });
+        rotate_key(data, source)?;
+        fail::fail_point!("fork-rotated");
+        let name = &source.info.name;
+        let from = read_record(&tenant_dir(data.root(), name)?, name)?;
+        let like = NewTenant {
+            block_size: None,
+            base: from.base.as_deref(),
+            device_size,
+            quota: from.quota,
+        };
+        Ok(TenantRecord::new(new, from.block_size, keys, own_id, &like))
+    })
+}
+
+/// The ids of tenant `name`'s keys and of its writing key, from its record (no key needed).
+pub fn key_ids(root: &Path, name: &str) -> Result<(Vec<KeyId>, KeyId), TenantError> {
+    let record = read_record(&tenant_dir(root, name)?, name)?;
+    let ids = record
+        .keys
+        .iter()
+        .filter_map(|k| KeyId::from_hex(&k.id))
+        .collect();
+    let writing = record
+        .writing_key
+        .as_deref()
+        .and_then(KeyId::from_hex)
+        .expect("checked when read");
+    Ok((ids, writing))
 }
 
 /// Records a block volume's new device size. The caller holds the tenant open (`tenant`), so
@@ -642,6 +844,60 @@ pub fn delete(data: &DataDir, name: &str) -> Result<(), TenantError> {
     Ok(())
 }
 
+/// Deletes tenant `name` as [`delete`] does, its keys destroyed first: its record (the only
+/// place its keys are kept, wrapped under the master key) is overwritten with zeros and
+/// synced before anything else goes, so that its files, and their bytes the disk has not
+/// trimmed yet, open under no key this data dir holds. Except its files from before a fork:
+/// the fork holds its own copies of the keys it had then, to read the files they share.
+/// Returns the tenants that hold any of its keys (its forks, and their forks). A record left zeroed by a shred that was cut
+/// short is deleted without a question.
+pub fn delete_shredded(data: &DataDir, name: &str) -> Result<Vec<String>, TenantError> {
+    let dir = tenant_dir(data.root(), name)?;
+    let closed = lock_closed(data.root(), name)?;
+    let path = dir.join(RECORD);
+    let bytes = fs::read(&path).map_err(io_err(&path))?;
+    let mut holders = Vec::new();
+    if bytes.iter().any(|&b| b != 0) {
+        let record = read_record(&dir, name)?;
+        let keys = keyring(data, name, &dir, &record)?;
+        holders = holders_of(data, name, &keys)?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        std::io::Write::write_all(&mut file, &vec![0u8; bytes.len()]).map_err(io_err(&path))?;
+        file.sync_all().map_err(io_err(&path))?;
+        fail::fail_point!("shred-keys-gone");
+    }
+    drop(closed);
+    delete(data, name)?;
+    Ok(holders)
+}
+
+/// The other tenants whose rings hold a key of `keys` (tenant `name`'s): its forks.
+fn holders_of(data: &DataDir, name: &str, keys: &Keyring) -> Result<Vec<String>, TenantError> {
+    let mut mine = zeroize::Zeroizing::new(Vec::new());
+    keys.for_each(|_, key| mine.push(*key.bytes()));
+    let mut holders = Vec::new();
+    for other in list(data.root())? {
+        if other.name == name {
+            continue;
+        }
+        let dir = tenant_dir(data.root(), &other.name)?;
+        let Ok(theirs) =
+            read_record(&dir, &other.name).and_then(|r| keyring(data, &other.name, &dir, &r))
+        else {
+            continue; // not ours to judge: its own commands report it
+        };
+        let mut shares = false;
+        theirs.for_each(|_, key| shares |= mine.contains(key.bytes()));
+        if shares {
+            holders.push(other.name);
+        }
+    }
+    Ok(holders)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -662,6 +918,47 @@ mod tests {
             "é",
         ] {
             assert!(validate_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_record_of_format_1_reads_as_a_ring_of_its_key_and_is_written_as_format_2() {
+        let d = tempfile::tempdir().unwrap();
+        let dir = d.path().join("tenants").join("old");
+        fs::create_dir_all(&dir).unwrap();
+        let v1 = r#"{"format_version":1,"name":"old","block_size":4096,"created_unix":1,"wrapped_key":"abcd"}"#;
+        fs::write(dir.join(RECORD), v1).unwrap();
+        let r = read_record(&dir, "old").unwrap();
+        assert_eq!(r.format_version, 2);
+        assert_eq!(r.keys.len(), 1);
+        assert_eq!(r.keys[0].id, KeyId::FIRST.to_hex());
+        assert_eq!(r.keys[0].wrapped, "abcd");
+        assert_eq!(r.writing_key, Some(KeyId::FIRST.to_hex()));
+        rewrite_record(d.path(), "old", |r| r.block_size = 8192).unwrap();
+        let text = fs::read_to_string(dir.join(RECORD)).unwrap();
+        assert!(
+            text.contains("\"format_version\": 2")
+                && text.contains("\"keys\"")
+                && !text.contains("wrapped_key"),
+            "{text}"
+        );
+        let id = KeyId::generate().unwrap().to_hex();
+        for bad in [
+            v1.replace("\"format_version\":1", "\"format_version\":3"),
+            v1.replace(
+                "}",
+                &format!(",\"keys\":[{{\"id\":\"{id}\",\"wrapped\":\"ab\"}}]}}"),
+            ),
+            format!(
+                r#"{{"format_version":2,"name":"old","block_size":4096,"created_unix":1,"keys":[{{"id":"{id}","wrapped":"ab"}}],"writing_key":"0000000000000001"}}"#
+            ),
+        ] {
+            fs::write(dir.join(RECORD), &bad).unwrap();
+            let e = read_record(&dir, "old").err().map(|e| e.to_string());
+            assert!(
+                e.as_ref().is_some_and(|e| e.contains("is damaged")),
+                "{bad}: {e:?}"
+            );
         }
     }
 

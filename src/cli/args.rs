@@ -216,7 +216,25 @@ pub enum TenantCommand {
         json: bool,
     },
     /// Delete a tenant and all its data, its snapshots included.
-    Delete { name: String },
+    Delete {
+        name: String,
+        /// Destroy its keys first (its record, zeroed and synced), so that its bytes left on
+        /// the disk open under no key; forks keep the keys of the files they share with it.
+        #[arg(long)]
+        shred: bool,
+    },
+    /// Make tenant NEW a fork of tenant (or block volume) SOURCE: its files as they are now,
+    /// or as its snapshot --snapshot NAME holds them, sharing them (no data copied). SOURCE may
+    /// be mounted or attached. Each then sees only its own changes, under keys of its own.
+    Fork {
+        source: String,
+        new: String,
+        #[arg(long)]
+        snapshot: Option<String>,
+    },
+    /// Seal the files tenant NAME writes from now on under a new key (the files it holds keep
+    /// theirs, which stay in its keyring). NAME may be mounted or attached.
+    RotateKey { name: String },
     /// Put tenant NAME (or block volume) back to one of its snapshots: its files become the
     /// snapshot's (which stays). Refused while it is mounted or attached.
     Restore {

@@ -1,4 +1,5 @@
-//! A tenant's snapshots: `snapshot create|list|delete`, `tenant restore`.
+//! A tenant's snapshots, forks and keys: `snapshot create|list|delete`, `tenant restore`,
+//! `tenant fork`, `tenant rotate-key`.
 
 use anyhow::{Context, Result};
 use tenantfs::control::{ControlError, RefusalCode};
@@ -8,9 +9,12 @@ use tenantfs::units::ByteSize;
 
 use super::{command_stores, daemon_error, print_json, Cli};
 
-/// `snapshot create TENANT NAME`: through the process that serves the tenant if one does (a
-/// mounted or attached tenant is snapshotted while it runs), else on its store opened here.
-pub fn create(cli: &Cli, tenant: &str, name: &str) -> Result<()> {
+/// `ask` of the process that serves tenant `tenant`, if one does; `None` if none does.
+fn through_server<R>(
+    cli: &Cli,
+    tenant: &str,
+    ask: impl Fn(&tenantfs::control::Client) -> Result<R, ControlError>,
+) -> Result<Option<R>> {
     tenants::info(&cli.data_dir, tenant)?;
     let servers = match cli.serving_processes() {
         Ok(s) => s,
@@ -18,16 +22,23 @@ pub fn create(cli: &Cli, tenant: &str, name: &str) -> Result<()> {
         Err(e) => return Err(daemon_error(e)),
     };
     for process in servers {
-        match process.snapshot_create(tenant, name) {
-            Ok(reply) => {
-                let took = std::time::Duration::from_micros(reply.took_us);
-                return print_taken(&reply.snapshot, took, true);
-            }
+        match ask(&process) {
+            Ok(reply) => return Ok(Some(reply)),
             Err(e)
                 if e.refusal()
                     .is_some_and(|r| r.code == RefusalCode::NotServed) => {}
             Err(e) => return Err(daemon_error(e)),
         }
+    }
+    Ok(None)
+}
+
+/// `snapshot create TENANT NAME`: through the process that serves the tenant if one does (a
+/// mounted or attached tenant is snapshotted while it runs), else on its store opened here.
+pub fn create(cli: &Cli, tenant: &str, name: &str) -> Result<()> {
+    if let Some(reply) = through_server(cli, tenant, |p| p.snapshot_create(tenant, name))? {
+        let took = std::time::Duration::from_micros(reply.took_us);
+        return print_taken(&reply.snapshot, took, true);
     }
     let config = cli.load_config()?;
     let data = cli.open_data_dir()?;
@@ -83,11 +94,11 @@ pub fn list(cli: &Cli, tenant: Option<&str>, json: bool) -> Result<()> {
 
 /// `snapshot delete TENANT NAME`.
 pub fn delete(cli: &Cli, tenant: &str, name: &str) -> Result<()> {
-    let gone = snapshots::delete(&cli.data_dir, tenant, name)?;
+    let own = snapshots::delete(&cli.data_dir, tenant, name)?;
     println!(
         "deleted snapshot {name} of tenant {tenant}: {} of disk given back (the rest is \
          shared with the tenant or its other snapshots)",
-        ByteSize(gone.own_bytes)
+        ByteSize(own)
     );
     Ok(())
 }
@@ -95,10 +106,59 @@ pub fn delete(cli: &Cli, tenant: &str, name: &str) -> Result<()> {
 /// `tenant restore TENANT --snapshot NAME`.
 pub fn restore(cli: &Cli, tenant: &str, name: &str) -> Result<()> {
     let s = snapshots::restore(&cli.data_dir, tenant, name)
-        .with_context(|| format!("tenant {tenant} was not restored (nothing was changed)"))?;
+        .with_context(|| format!("tenant {tenant} was not restored"))?;
     println!(
         "restored tenant {tenant} to snapshot {name} (taken {} UTC); the snapshot is kept",
         utc(s.created_unix)
+    );
+    Ok(())
+}
+
+/// `tenant fork SOURCE NEW [--snapshot NAME]`: through the process that serves SOURCE if one
+/// does, else on its store opened here.
+pub fn fork(cli: &Cli, source: &str, new: &str, snapshot: Option<&str>) -> Result<()> {
+    let context = || format!("tenant {source} was not forked into {new} (nothing was made)");
+    let (disk, took, live) =
+        match through_server(cli, source, |p| p.tenant_fork(source, new, snapshot))? {
+            Some(reply) => (reply.disk_bytes, reply.took_us, true),
+            None => {
+                let config = cli.load_config()?;
+                let data = cli.open_data_dir()?;
+                let host = command_stores(&config);
+                let open = tenants::open_when_free(&data, &host, source).with_context(context)?;
+                let forked =
+                    tenantfs::forks::fork(&data, &open, new, snapshot).with_context(context)?;
+                let took = forked.took.as_micros() as u64;
+                (forked.info.disk_bytes, took, false)
+            }
+        };
+    let from = snapshot.map_or_else(String::new, |s| format!(" as its snapshot {s} holds it"));
+    println!(
+        "forked tenant {source}{from} into {new}{} in {:.1} ms: {} on disk, nearly all of it \
+         shared with {source}; each sees only its own changes from now on",
+        if live { " while it is served" } else { "" },
+        took as f64 / 1e3,
+        ByteSize(disk),
+    );
+    Ok(())
+}
+
+/// `tenant rotate-key NAME`.
+pub fn rotate_key(cli: &Cli, name: &str) -> Result<()> {
+    let id = match through_server(cli, name, |p| p.rotate_key(name))? {
+        Some(reply) => reply.key_id,
+        None => {
+            let data = cli.open_data_dir()?;
+            tenants::rotate_key_closed(&data, name)
+                .with_context(|| format!("tenant {name} keeps its key"))?
+                .to_hex()
+        }
+    };
+    let (ids, _) = tenants::key_ids(&cli.data_dir, name)?;
+    println!(
+        "tenant {name}: the files it writes from now on are sealed under key {id}; its ring \
+         holds {} keys (older files keep theirs)",
+        ids.len()
     );
     Ok(())
 }

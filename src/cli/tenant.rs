@@ -161,10 +161,32 @@ struct ListedTenant {
     usage: Option<tenantfs::quota::Usage>,
 }
 
-pub fn delete(cli: &Cli, name: &str) -> Result<()> {
+pub fn delete(cli: &Cli, name: &str, shred: bool) -> Result<()> {
     let data = cli.open_data_dir()?;
-    tenants::delete(&data, name)?;
-    println!("deleted tenant {name}");
+    if !shred {
+        tenants::delete(&data, name)?;
+        println!("deleted tenant {name}");
+        return Ok(());
+    }
+    let holders = tenants::delete_shredded(&data, name)?;
+    println!(
+        "deleted tenant {name}; its keys were destroyed first: what is left of its files on \
+         the disk opens under no key in {}",
+        cli.data_dir.display()
+    );
+    if !holders.is_empty() {
+        println!(
+            "except its files from before it was forked into {}: those forks hold copies of \
+             the keys that seal them, to read the files they share (shred them too to make \
+             those bytes unreadable)",
+            holders.join(", ")
+        );
+    }
+    println!(
+        "note: older copies of its record (each change of it was written as a new file) may \
+         remain in the disk's free blocks until they are reused; they open only under this \
+         data dir's master key"
+    );
     Ok(())
 }
 

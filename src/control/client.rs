@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use super::protocol::{AttachVia, Refusal, Reply, Request, Response};
 use super::replies::{
-    CacheReleaseReply, CacheReport, LimitsReply, MountReply, QuotaReply, SnapshotReply, StatsReply,
-    TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
+    CacheReleaseReply, CacheReport, ForkReply, KeyReply, LimitsReply, MountReply, QuotaReply,
+    SnapshotReply, StatsReply, TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -181,6 +181,29 @@ impl Client {
             name: name.to_owned(),
         };
         call!(self, req, Snapshot)
+    }
+
+    /// Forks `source`, served here, into `new` (from its snapshot `snapshot` if given).
+    pub fn tenant_fork(
+        &self,
+        source: &str,
+        new: &str,
+        snapshot: Option<&str>,
+    ) -> Result<ForkReply, ControlError> {
+        let req = Request::TenantFork {
+            source: source.to_owned(),
+            new: new.to_owned(),
+            snapshot: snapshot.map(str::to_owned),
+        };
+        call!(self, req, Fork)
+    }
+
+    /// Moves `tenant`, served here, to a new key.
+    pub fn rotate_key(&self, tenant: &str) -> Result<KeyReply, ControlError> {
+        let req = Request::RotateKey {
+            tenant: tenant.to_owned(),
+        };
+        call!(self, req, Key)
     }
 
     pub fn stats(&self) -> Result<StatsReply, ControlError> {

@@ -8,8 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::replies::{
-    CacheReleaseReply, CacheReport, LimitsReply, MountReply, QuotaReply, SnapshotReply, StatsReply,
-    TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
+    CacheReleaseReply, CacheReport, ForkReply, KeyReply, LimitsReply, MountReply, QuotaReply,
+    SnapshotReply, StatsReply, TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +73,16 @@ pub enum Request {
     /// Take snapshot `name` of `tenant`, which this process serves (mounted or attached):
     /// its store at one instant, everything written before the request in it.
     SnapshotCreate { tenant: String, name: String },
+    /// Fork `source`, which this process serves, into new tenant `new`: its store now, or as
+    /// its snapshot `snapshot` holds it.
+    TenantFork {
+        source: String,
+        new: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snapshot: Option<String>,
+    },
+    /// Move `tenant`, which this process serves, to a new key for the files it writes.
+    RotateKey { tenant: String },
 }
 
 /// How a block volume is to be served.
@@ -138,6 +148,8 @@ pub enum Reply {
     Limits(LimitsReply),
     Quota(QuotaReply),
     Snapshot(SnapshotReply),
+    Fork(ForkReply),
+    Key(KeyReply),
 }
 
 /// Why a request was not carried out. Callers decide on `code`; `message` is for people.
@@ -179,7 +191,8 @@ pub enum RefusalCode {
     AlreadyAttached,
     /// This process does not serve that volume.
     NotAttached,
-    /// The snapshot was not taken (the message says why; nothing was changed).
+    /// A snapshot, fork or key rotation was not done (the message says why; nothing was
+    /// changed).
     SnapshotFailed,
     /// A code from a newer server.
     #[serde(other)]

@@ -117,6 +117,22 @@ pub struct SnapshotReply {
     pub took_us: u64,
 }
 
+/// A fork just made of a served tenant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForkReply {
+    pub tenant: String,
+    pub disk_bytes: u64,
+    pub took_us: u64,
+}
+
+/// A served tenant moved to a new key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyReply {
+    pub tenant: String,
+    /// The new key's id (hex), which headers of the files it writes from now on name.
+    pub key_id: String,
+}
+
 /// A tenant's quota and what its files take, after `set_quota`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QuotaReply {

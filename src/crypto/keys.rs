@@ -203,12 +203,6 @@ impl TenantKey {
     pub(crate) fn bytes(&self) -> &[u8; KEY_LEN] {
         &self.0
     }
-
-    /// A second copy, for a second holder (the store's Env and its extent reads; both zeroize
-    /// theirs on drop).
-    pub(crate) fn duplicate(&self) -> TenantKey {
-        TenantKey(Zeroizing::new(*self.0))
-    }
 }
 
 #[cfg(test)]

@@ -241,6 +241,36 @@ impl ServingHost {
         self.sessions().values().cloned().collect()
     }
 
+    /// `f` of served tenant `tenant`'s open volume: an attached block volume's, or a mount's
+    /// (a dormant mount's store opens for it). [`RefusalCode::NotServed`] if this process
+    /// serves neither.
+    fn with_served<R>(&self, tenant: &str, f: impl FnOnce(&Volume) -> R) -> Result<R, Refusal> {
+        let device = lock(&self.exports)
+            .get(tenant)
+            .map(|a| Arc::clone(a.device()));
+        if let Some(device) = device {
+            return Ok(f(device.volume()));
+        }
+        // A tenant's lock lets one session of this process serve it.
+        let Some(served) = self
+            .all_sessions()
+            .into_iter()
+            .filter(|s| s.tenant() == tenant)
+            .find_map(|s| s.volume())
+        else {
+            return Err(Refusal::new(
+                RefusalCode::NotServed,
+                format!("tenant {tenant} is not mounted or attached by this process"),
+            ));
+        };
+        served.woken(f).map_err(|e| {
+            Refusal::new(
+                RefusalCode::Internal,
+                format!("tenant {tenant}: its store did not open: {e}"),
+            )
+        })
+    }
+
     /// Mounts `tenant` at `mountpoint`, served by this process.
     pub fn mount(
         &self,
@@ -558,6 +588,12 @@ impl ServingHost {
             Request::SnapshotCreate { tenant, name } => {
                 Reply::Snapshot(self.snapshot(&tenant, &name)?)
             }
+            Request::TenantFork {
+                source,
+                new,
+                snapshot,
+            } => Reply::Fork(self.fork(&source, &new, snapshot.as_deref())?),
+            Request::RotateKey { tenant } => Reply::Key(self.rotate_key(&tenant)?),
         })
     }
 

@@ -1,59 +1,76 @@
-//! Snapshots of the tenants a serving host has open: taken through the process that serves
-//! the tenant, since only it may open the tenant's store (`snapshots` does the work).
-
-use std::sync::Arc;
+//! Snapshots, forks and key rotations of the tenants a serving host has open: done through
+//! the process that serves the tenant, since only it may open the tenant's store
+//! (`snapshots`, `forks` and `tenants` do the work).
 
 use super::ServingHost;
-use crate::control::replies::SnapshotReply;
+use crate::control::replies::{ForkReply, KeyReply, SnapshotReply};
 use crate::control::{Refusal, RefusalCode};
-use crate::snapshots::{self, SnapshotError};
-use crate::tenants::Tenant;
 
 impl ServingHost {
     /// Takes snapshot `name` of `tenant`, mounted or attached here (see
     /// `Request::SnapshotCreate`): writes acknowledged before it are in it.
     pub fn snapshot(&self, tenant: &str, name: &str) -> Result<SnapshotReply, Refusal> {
-        let root = self.data.root();
-        let taken = |open: &Tenant| snapshots::create(root, open, name);
-        let failed = |e: &dyn std::fmt::Display| {
-            Refusal::new(
-                RefusalCode::SnapshotFailed,
-                format!("no snapshot {name} of tenant {tenant} was taken: {e}"),
-            )
-        };
-        let device = super::lock(&self.exports)
-            .get(tenant)
-            .map(|a| Arc::clone(a.device()));
-        let result = if let Some(device) = device {
-            taken(device.volume().tenant())
-        } else {
-            // A tenant's lock lets one session of this process serve it.
-            let Some(served) = self
-                .all_sessions()
-                .into_iter()
-                .filter(|s| s.tenant() == tenant)
-                .find_map(|s| s.volume())
-            else {
-                return Err(Refusal::new(
-                    RefusalCode::NotServed,
-                    format!("tenant {tenant} is not mounted or attached by this process"),
-                ));
-            };
-            // A dormant mount's store opens for it.
-            served
-                .woken(|volume| taken(volume.tenant()))
-                .map_err(|e| failed(&e))?
-        };
-        let taken = result.map_err(|e: SnapshotError| failed(&e))?;
-        tracing::info!(
-            tenant,
-            snapshot = name,
-            took_us = taken.took.as_micros() as u64,
-            "snapshot taken"
-        );
+        let taken = self
+            .with_served(tenant, |v| {
+                crate::snapshots::create(self.data.root(), v.tenant(), name)
+            })?
+            .map_err(|e| {
+                Refusal::new(
+                    RefusalCode::SnapshotFailed,
+                    format!("no snapshot {name} of tenant {tenant} was taken: {e}"),
+                )
+            })?;
+        let took_us = taken.took.as_micros() as u64;
+        tracing::info!(tenant, snapshot = name, took_us, "snapshot taken");
         Ok(SnapshotReply {
             snapshot: taken.info,
-            took_us: taken.took.as_micros() as u64,
+            took_us,
+        })
+    }
+
+    /// Forks `source`, mounted or attached here, into new tenant `new` (see
+    /// `Request::TenantFork`).
+    pub fn fork(
+        &self,
+        source: &str,
+        new: &str,
+        snapshot: Option<&str>,
+    ) -> Result<ForkReply, Refusal> {
+        let forked = self
+            .with_served(source, |v| {
+                crate::forks::fork(&self.data, v.tenant(), new, snapshot)
+            })?
+            .map_err(|e| {
+                Refusal::new(
+                    RefusalCode::SnapshotFailed,
+                    format!("tenant {source} was not forked into {new}: {e}"),
+                )
+            })?;
+        let took_us = forked.took.as_micros() as u64;
+        tracing::info!(tenant = source, fork = new, took_us, "tenant forked");
+        Ok(ForkReply {
+            tenant: new.to_owned(),
+            disk_bytes: forked.info.disk_bytes,
+            took_us,
+        })
+    }
+
+    /// Moves `tenant`, mounted or attached here, to a new key (see `Request::RotateKey`).
+    pub fn rotate_key(&self, tenant: &str) -> Result<KeyReply, Refusal> {
+        let id = self
+            .with_served(tenant, |v| {
+                crate::tenants::rotate_key(&self.data, v.tenant())
+            })?
+            .map_err(|e| {
+                Refusal::new(
+                    RefusalCode::SnapshotFailed,
+                    format!("tenant {tenant} keeps its key: {e}"),
+                )
+            })?;
+        tracing::info!(tenant, key = %id, "tenant key rotated");
+        Ok(KeyReply {
+            tenant: tenant.to_owned(),
+            key_id: id.to_hex(),
         })
     }
 }

@@ -97,7 +97,7 @@ impl ServingHost {
         })
     }
 
-    /// Changes the quota of `tenant`, mounted here, in its record and at once (see
+    /// Changes the quota of `tenant`, mounted or attached here, in its record and at once (see
     /// `Request::SetQuota`).
     pub fn set_quota(
         &self,
@@ -105,18 +105,6 @@ impl ServingHost {
         bytes: Option<u64>,
         inodes: Option<u64>,
     ) -> Result<QuotaReply, Refusal> {
-        // A tenant's lock lets one session of this process serve it.
-        let Some(served) = self
-            .all_sessions()
-            .into_iter()
-            .filter(|s| s.tenant() == tenant)
-            .find_map(|s| s.volume())
-        else {
-            return Err(Refusal::new(
-                RefusalCode::NotServed,
-                format!("tenant {tenant} is not mounted by this process"),
-            ));
-        };
         let change = QuotaChange {
             bytes: bytes.map(NonZeroU64::new),
             inodes: inodes.map(NonZeroU64::new),
@@ -127,15 +115,14 @@ impl ServingHost {
                 format!("tenant {tenant}: the quota was not changed: {e}"),
             )
         };
-        // A dormant mount's store opens for it: the record and the counts change together.
-        let (quota, usage) = served
-            .woken(|volume| {
+        // The record and the counts change together.
+        let (quota, usage) = self
+            .with_served(tenant, |volume| {
                 let quota = volume.quota().changed(change);
                 tenants::set_quota_of_open(&self.data, volume.tenant(), quota)?;
                 volume.set_quota(quota);
                 Ok::<_, tenants::TenantError>((quota, volume.usage()))
-            })
-            .map_err(|e| not_changed(&e))?
+            })?
             .map_err(|e| not_changed(&e))?;
         tracing::info!(tenant, ?quota, "quota set");
         Ok(QuotaReply {

@@ -13,8 +13,9 @@
 //! directory: while the store's WALs hold at most [`WAL_COPY_LIMIT`], they are copied (a
 //! copy is replayed when the checkpoint opens) rather than the memtables flushed, which
 //! would write, sync and install table files first (a flush took 60-70% of a checkpoint's
-//! 15-35 ms here); past it, the memtables are flushed and the checkpoint holds their table
-//! files. Then, under the open extent file's lock, that file is closed (and every file
+//! 15-35 ms here); past it, or when a write that skipped the WAL (bulk data:
+//! `TenantDb::write_unlogged`) is in a memtable, the memtables are flushed and the
+//! checkpoint holds their table files. Then, under the open extent file's lock, that file is closed (and every file
 //! closed in the background waited for), so that every file the checkpoint's values can name
 //! is closed and synced, and those are linked; each linked WAL is replaced by a copy; the
 //! directories are synced and the staging directory renamed to the target. A failure
@@ -40,6 +41,7 @@ pub(super) fn create(
     tenant: &str,
     extents: &ExtentFiles,
     target: &Path,
+    flush: bool,
 ) -> Result<(), StoreError> {
     let io = |path: &Path| io_error(tenant, path);
     if target.exists() {
@@ -62,7 +64,7 @@ pub(super) fn create(
             _ => {}
         }
     }
-    let staged = stage(db, tenant, extents, &staging);
+    let staged = stage(db, tenant, extents, &staging, flush);
     if staged.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
         let _ = std::fs::remove_dir_all(tmp_of(&staging));
@@ -150,12 +152,13 @@ fn stage(
     tenant: &str,
     extents: &ExtentFiles,
     staging: &Path,
+    flush: bool,
 ) -> Result<(), StoreError> {
     let io = |path: &Path| io_error(tenant, path);
     let checkpoint = rocksdb::checkpoint::Checkpoint::new(db)
         .map_err(|e| StoreError::from_rocksdb(tenant, "checkpoint", e))?;
     checkpoint
-        .create_checkpoint_with_log_size(staging, WAL_COPY_LIMIT)
+        .create_checkpoint_with_log_size(staging, if flush { 0 } else { WAL_COPY_LIMIT })
         .map_err(|e| StoreError::from_rocksdb(tenant, "checkpoint", e))?;
     drop(checkpoint);
     fail::fail_point!("checkpoint-rocksdb-done");

@@ -9,7 +9,7 @@ use std::path::Path;
 use librocksdb_sys as sys;
 
 use super::file_key::{self, PREFIX_LEN};
-use crate::crypto::{FileCipher, TenantKey};
+use crate::crypto::{FileCipher, Keyring};
 
 extern "C" {
     fn tenantfs_extent_writer_open(
@@ -200,7 +200,7 @@ pub(crate) struct Reader {
 
 impl Reader {
     /// Opens the extent file at `path`; with `key`, its header must open under it.
-    pub(crate) fn open(key: Option<&TenantKey>, path: &Path, direct: bool) -> Result<Self, String> {
+    pub(crate) fn open(key: Option<&Keyring>, path: &Path, direct: bool) -> Result<Self, String> {
         use std::os::unix::fs::OpenOptionsExt;
         let flags = if direct { libc::O_DIRECT } else { 0 };
         let file = std::fs::OpenOptions::new()
@@ -375,8 +375,10 @@ mod tests {
     fn encrypted_appends_read_back_through_the_reader() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("1.ext");
-        let key = TenantKey::generate().unwrap();
-        let env = crate::store::ffi::encrypted_env(key.duplicate()).unwrap();
+        let ring =
+            |key| crate::crypto::Keyring::single(crate::crypto::KeyId::generate().unwrap(), key);
+        let key = std::sync::Arc::new(ring(crate::crypto::TenantKey::generate().unwrap()));
+        let env = crate::store::ffi::encrypted_env(std::sync::Arc::clone(&key)).unwrap();
         let mut w = Appender::create(EnvPtr::of(Some(&env)), &path, None, false).unwrap();
         let data: Vec<u8> = (0..4 * ALIGN).map(|i| (i % 253) as u8).collect();
         w.append(&data).unwrap();
@@ -388,7 +390,7 @@ mod tests {
             "header, then the body"
         );
         assert_ne!(&on_disk[PREFIX_LEN..], &data[..], "the body is encrypted");
-        let r = Reader::open(Some(&key), &path, false).unwrap();
+        let r = Reader::open(Some(&*key), &path, false).unwrap();
         let mut buf = AlignedBuf::new(2 * ALIGN);
         assert_eq!(
             r.read(ALIGN as u64, &mut buf, 2 * ALIGN).unwrap(),
@@ -400,12 +402,12 @@ mod tests {
         let mut raw = on_disk[at as usize..at as usize + 2 * ALIGN].to_vec();
         r.decrypt(2 * ALIGN as u64, &mut raw);
         assert_eq!(&raw[..], &data[2 * ALIGN..]);
-        let other = TenantKey::generate().unwrap();
+        let other = ring(crate::crypto::TenantKey::generate().unwrap());
         let e = Reader::open(Some(&other), &path, false).err().unwrap();
         assert!(e.contains("wrong key"), "{e}");
         let short = dir.path().join("2.ext");
         std::fs::write(&short, b"TFSFILE1").unwrap();
-        let e = Reader::open(Some(&key), &short, false).err().unwrap();
+        let e = Reader::open(Some(&*key), &short, false).err().unwrap();
         assert!(e.contains("shorter than its file key header"), "{e}");
     }
 

@@ -24,7 +24,7 @@ use librocksdb_sys as sys;
 use rocksdb::AsRawPtr;
 
 use crate::cache::SlabLruCache;
-use crate::crypto::{FileCipher, TenantKey};
+use crate::crypto::{FileCipher, Keyring};
 
 use super::file_key::{self, PREFIX_LEN};
 use super::health::StoreHealth;
@@ -269,9 +269,9 @@ extern "C" fn tenantfs_health_release(health: *const c_void) {
 }
 
 /// Builds a RocksDB Env whose files are all encrypted under `key` (see `file_key`).
-pub(crate) fn encrypted_env(key: TenantKey) -> Option<rocksdb::Env> {
-    let key = Box::into_raw(Box::new(key)).cast::<c_void>();
-    // SAFETY: `key` is a valid, uniquely owned Box<TenantKey> pointer; the shim takes ownership
+pub(crate) fn encrypted_env(ring: Arc<Keyring>) -> Option<rocksdb::Env> {
+    let key = Box::into_raw(Box::new(ring)).cast::<c_void>();
+    // SAFETY: `key` is a valid, uniquely owned Box<Arc<Keyring>> pointer; the shim takes ownership
     // and releases it exactly once through `tenantfs_key_free`, also on its failure path.
     let raw = unsafe { tenantfs_encrypted_env_new(key) };
     if raw.is_null() {
@@ -435,11 +435,11 @@ extern "C" fn tenantfs_prefix_create(key: *const c_void, prefix: *mut c_char, le
     if key.is_null() || prefix.is_null() || len != PREFIX_LEN {
         return -1;
     }
-    // SAFETY: the shim passes the TenantKey it owns (alive for the provider's lifetime) and a
-    // writable buffer of `len` bytes that RocksDB allocated for the prefix.
+    // SAFETY: the shim passes the Arc<Keyring> it owns (alive for the provider's lifetime)
+    // and a writable buffer of `len` bytes that RocksDB allocated for the prefix.
     let (key, out) = unsafe {
         (
-            &*key.cast::<TenantKey>(),
+            &**key.cast::<Arc<Keyring>>(),
             std::slice::from_raw_parts_mut(prefix.cast::<u8>(), len),
         )
     };
@@ -470,7 +470,7 @@ extern "C" fn tenantfs_stream_open(
     // RocksDB read from (or just wrote to) the file, and `cipher_out` to one writable pointer.
     let (key, prefix) = unsafe {
         (
-            &*key.cast::<TenantKey>(),
+            &**key.cast::<Arc<Keyring>>(),
             std::slice::from_raw_parts(prefix.cast::<u8>(), len),
         )
     };
@@ -527,7 +527,7 @@ extern "C" fn tenantfs_cipher_free(cipher: *mut c_void) {
 extern "C" fn tenantfs_key_free(key: *mut c_void) {
     if !key.is_null() {
         // SAFETY: created by Box::into_raw in `encrypted_env`; the shim frees it once.
-        drop(unsafe { Box::from_raw(key.cast::<TenantKey>()) });
+        drop(unsafe { Box::from_raw(key.cast::<Arc<Keyring>>()) });
     }
 }
 

@@ -39,6 +39,26 @@ pub use tenant_db::{
 /// Size of the encryption header at the start of every store file.
 pub const FILE_HEADER_LEN: usize = file_key::PREFIX_LEN;
 
+/// Whether the store file at `path` (any file a store writes: table, blob, WAL, MANIFEST,
+/// extent file) opens under `ring`; the error says why not (the key id its header names
+/// that the ring lacks, a seal that does not open, no header).
+pub fn file_opens_under(ring: &crate::crypto::Keyring, path: &Path) -> Result<(), String> {
+    let mut header = vec![0u8; FILE_HEADER_LEN];
+    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    std::io::Read::read_exact(&mut file, &mut header).map_err(|e| e.to_string())?;
+    file_key::open_prefix(ring, &header)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// The id of the key a store file's header names (`None`: a header from before keyrings).
+pub fn file_key_id(path: &Path) -> Result<Option<crate::crypto::KeyId>, String> {
+    let mut header = vec![0u8; FILE_HEADER_LEN];
+    let mut file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    std::io::Read::read_exact(&mut file, &mut header).map_err(|e| e.to_string())?;
+    file_key::key_id(&header).map_err(|e| e.to_string())
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error(
@@ -153,8 +173,11 @@ pub mod layout {
     }
     /// Builds an encrypted Env and returns it with the `Env*` the shim says it holds.
     pub fn encrypted_env_and_rep() -> (rocksdb::Env, *const std::ffi::c_void) {
-        let env =
-            super::ffi::encrypted_env(crate::crypto::TenantKey::generate().unwrap()).expect("env");
+        let ring = crate::crypto::Keyring::single(
+            crate::crypto::KeyId::generate().unwrap(),
+            crate::crypto::TenantKey::generate().unwrap(),
+        );
+        let env = super::ffi::encrypted_env(std::sync::Arc::new(ring)).expect("env");
         let rep = super::ffi::env_rep(&env);
         (env, rep)
     }

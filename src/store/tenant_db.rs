@@ -17,7 +17,7 @@ use super::extents::{ExtentFileStats, ExtentFiles};
 use super::health::{StoreHealth, StoreState};
 use super::host::StoreHost;
 use super::StoreError;
-use crate::crypto::TenantKey;
+use crate::crypto::Keyring;
 
 /// A key and its value.
 pub type Entry = (Vec<u8>, Vec<u8>);
@@ -55,10 +55,19 @@ impl Family {
 
 /// How the store's files are protected at rest.
 pub enum Encryption {
-    /// Every file sealed under this tenant key (the only mode tenants use).
-    Tenant(TenantKey),
+    /// Every file sealed under a key of this ring, new ones under its writing key (the only
+    /// mode tenants use; the ring may change while the store is open: a rotation).
+    Tenant(Arc<Keyring>),
     /// No encryption: exists only so benchmarks can measure what encryption costs.
     PlaintextForBenchmarks,
+}
+
+impl Encryption {
+    /// Every file sealed under `key` alone (a ring of one key: stores no tenant record
+    /// describes, such as a benchmark's).
+    pub fn of_key(key: crate::crypto::TenantKey) -> Self {
+        Encryption::Tenant(Arc::new(Keyring::single(crate::crypto::KeyId::FIRST, key)))
+    }
 }
 
 /// Whether to create the store if it does not exist.
@@ -146,7 +155,7 @@ impl TenantDb {
         let mut opts = host.options(direct_io);
         let (env, key) = match encryption {
             Encryption::Tenant(key) => {
-                let extents_key = key.duplicate();
+                let extents_key = Arc::clone(&key);
                 let env = super::ffi::encrypted_env(key).ok_or_else(|| StoreError::Env {
                     tenant: tenant.to_owned(),
                 })?;
@@ -550,7 +559,10 @@ impl TenantDb {
     /// filesystem): the store as it is, sharing its immutable files (`checkpoint`). It opens
     /// as a store of its own, under the same key.
     pub fn checkpoint(&self, target: &Path) -> Result<(), StoreError> {
-        super::checkpoint::create(&self.db, &self.tenant, &self.extents, target)
+        // A write that skipped the WAL is in a memtable only: the checkpoint must flush it
+        // rather than copy the WAL.
+        let unlogged = self.unlogged.load(Ordering::Acquire);
+        super::checkpoint::create(&self.db, &self.tenant, &self.extents, target, unlogged)
     }
 
     /// Writes a copy of the checkpoint at `source` (one [`Self::checkpoint`] wrote, never
@@ -645,6 +657,18 @@ impl TenantDb {
                 false
             }
         }
+    }
+
+    /// Starts new files for everything written from now on: a marker (`marker`, under a
+    /// key of its own in `Meta`) written and every memtable flushed, so RocksDB moves to a
+    /// new WAL (it does so only with a memtable that holds something), and the open extent
+    /// file closed. After a key rotation, every file the store writes afterwards is sealed
+    /// under the new key.
+    pub fn start_new_files(&self, marker: &[u8]) -> Result<(), StoreError> {
+        self.put(Family::Meta, b"!files-started", marker)?;
+        self.flush()?;
+        self.extents.close_if_idle(std::time::Duration::ZERO)?;
+        Ok(())
     }
 
     /// Flushes all memtables to SST files.

@@ -82,6 +82,32 @@ impl TestStore {
     }
 }
 
+/// Makes file `name` in the root of `vol` holding `data`, written in 1 MiB pieces (bulk data
+/// from 256 KiB on, as a copy writes it).
+pub(crate) fn write_file(vol: &super::Volume, name: &[u8], data: &[u8]) {
+    let owner = super::Owner { uid: 0, gid: 0 };
+    let ino = vol
+        .mknod(
+            super::ROOT_INO,
+            name,
+            super::FileKind::File,
+            0o644,
+            owner,
+            0,
+        )
+        .unwrap()
+        .ino;
+    for (i, piece) in data.chunks(1 << 20).enumerate() {
+        vol.write(ino, (i << 20) as u64, piece).unwrap();
+    }
+}
+
+/// What file `name` in the root of `vol` holds, if there is one.
+pub(crate) fn read_file(vol: &super::Volume, name: &[u8]) -> Option<Vec<u8>> {
+    let attr = vol.lookup(super::ROOT_INO, name).ok()?;
+    Some(vol.read(attr.ino, 0, attr.size as u32).unwrap())
+}
+
 /// `len` deterministic pseudo-random bytes (xorshift from `seed`): file data that neither
 /// compresses nor reads as zeros.
 pub(crate) fn noise(len: usize, seed: u64) -> Vec<u8> {

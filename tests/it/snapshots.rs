@@ -100,6 +100,23 @@ fn a_mounted_tenant_is_snapshotted_while_written_and_restores_what_was_synced_be
     writer.kill().unwrap();
     writer.wait().unwrap();
     let records_now = whole_records(&std::fs::read(mp.join("log")).unwrap());
+    // Forks of the mounted tenant: of its snapshot, and of it now.
+    let out = h.ok(&["tenant", "fork", "t", "f", "--snapshot", "s1"]);
+    assert!(
+        out.contains("forked tenant t as its snapshot s1 holds it into f while it is served"),
+        "{out}"
+    );
+    let out = h.ok(&["tenant", "fork", "t", "now"]);
+    assert!(out.contains("into now while it is served"), "{out}");
+    write_synced(&mp.join("dir/after the fork"), b"the source's own");
+    let e = h.fails(&["tenant", "fork", "t", "now"]);
+    assert!(e.contains("already exists"), "{e}");
+    let out = h.ok(&["tenant", "rotate-key", "t"]);
+    assert!(
+        out.contains("sealed under key") && out.contains("holds 4 keys"),
+        "{out}"
+    );
+    write_synced(&mp.join("dir/after the rotation"), b"under the third key");
 
     let listed: serde_json::Value =
         serde_json::from_str(&h.ok(&["snapshot", "list", "t", "--json"])).unwrap();
@@ -147,6 +164,36 @@ fn a_mounted_tenant_is_snapshotted_while_written_and_restores_what_was_synced_be
         whole_records(&std::fs::read(mp.join("log")).unwrap()),
         records
     );
+    // The forks: one holds the snapshot, the other the tenant when it was forked.
+    let mf = h.dir("mf");
+    let mount_fork = |name: &str| {
+        h.ok(&["mount", name, mf.to_str().unwrap()]);
+        h.guard(name, &mf, d.0.id())
+    };
+    let umount_fork = |guard| {
+        h.ok(&["umount", mf.to_str().unwrap()]);
+        drop(guard);
+    };
+    let f = mount_fork("f");
+    assert!(std::fs::read(mf.join("bulk")).unwrap() == bulk, "bulk data");
+    assert!(!mf.join("dir/after").exists());
+    assert_eq!(
+        whole_records(&std::fs::read(mf.join("log")).unwrap()),
+        records
+    );
+    umount_fork(f);
+    let now = mount_fork("now");
+    assert_eq!(
+        std::fs::read(mf.join("bulk")).unwrap(),
+        b"the tenant's bulk data, rewritten"
+    );
+    assert!(mf.join("dir/after").exists());
+    assert!(!mf.join("dir/after the fork").exists());
+    assert_eq!(
+        whole_records(&std::fs::read(mf.join("log")).unwrap()),
+        records_now
+    );
+    umount_fork(now);
     // Deleting the snapshot of a mounted tenant leaves the tenant whole.
     let out = h.ok(&["snapshot", "delete", "t", "s1"]);
     assert!(out.contains("deleted snapshot s1 of tenant t"), "{out}");
@@ -199,6 +246,20 @@ fn a_closed_tenant_is_snapshotted_restored_and_bad_requests_say_what_to_do() {
             "has no snapshot three",
         ),
         (vec!["snapshot", "list", "nobody"], "unknown tenant nobody"),
+        (
+            vec!["tenant", "fork", "t", "x", "--snapshot", "three"],
+            "has no snapshot three",
+        ),
+        (
+            vec!["tenant", "fork", "nobody", "x"],
+            "unknown tenant nobody",
+        ),
+        (vec!["tenant", "fork", "t", "t"], "already exists"),
+        (vec!["tenant", "fork", "t", "a/b"], "invalid tenant name"),
+        (
+            vec!["tenant", "rotate-key", "nobody"],
+            "unknown tenant nobody",
+        ),
     ] {
         let e = h.fails(&args);
         assert!(e.contains(says), "{args:?}: {e}");
@@ -209,6 +270,17 @@ fn a_closed_tenant_is_snapshotted_restored_and_bad_requests_say_what_to_do() {
     assert_eq!(std::fs::read(mp.join("f")).unwrap(), b"one");
     assert!(!mp.join("g").exists());
     m.umount();
+    let out = h.ok(&["tenant", "rotate-key", "t"]);
+    assert!(out.contains("its ring holds 2 keys"), "{out}");
+    let out = h.ok(&["tenant", "fork", "t", "copy", "--snapshot", "one"]);
+    assert!(
+        out.contains("forked tenant t as its snapshot one holds it into copy in"),
+        "{out}"
+    );
+    let m = h.mount("copy", &mp, "");
+    assert_eq!(std::fs::read(mp.join("f")).unwrap(), b"one");
+    m.umount();
+    h.ok(&["tenant", "delete", "copy"]);
     h.ok(&["tenant", "restore", "t", "--snapshot", "two"]);
     let m = h.mount("t", &mp, "");
     assert_eq!(std::fs::read(mp.join("f")).unwrap(), b"two");

@@ -171,7 +171,7 @@ impl BaseStore {
             host,
             INDEX_NAME,
             &index_dir,
-            Encryption::Tenant(key),
+            Encryption::of_key(key),
             OpenMode::Create,
         )?;
         let store = Self {

@@ -34,7 +34,7 @@ use super::extent_span::{ExtentSpan, SpanPart};
 use super::ring_read::RingRead;
 use super::StoreError;
 use crate::cache::RocksBlockCache;
-use crate::crypto::TenantKey;
+use crate::crypto::Keyring;
 use collection::list;
 
 /// An extent file is closed and a new one started past this size.
@@ -76,7 +76,7 @@ pub struct ExtentFiles {
     dir: PathBuf,
     env: EnvPtr,
     /// What the files' headers open under (None: a plaintext store).
-    key: Option<TenantKey>,
+    key: Option<Arc<Keyring>>,
     direct: bool,
     cache: RocksBlockCache,
     /// Unique among the stores of this process: the first part of this store's cache keys
@@ -133,7 +133,7 @@ impl ExtentFiles {
         tenant: &str,
         dir: PathBuf,
         env: EnvPtr,
-        key: Option<TenantKey>,
+        key: Option<Arc<Keyring>>,
         direct: bool,
         cache: RocksBlockCache,
     ) -> Result<Self, StoreError> {
@@ -486,7 +486,7 @@ impl ExtentFiles {
         // Opened outside the lock (it reads the header from the disk): a ring request
         // looking for an open reader (`open_reader`) never waits behind it, nor behind a
         // read-ahead thread, which runs below requests. Two opened at once: the first kept.
-        let r = Reader::open(self.key.as_ref(), &self.path(number), self.direct)
+        let r = Reader::open(self.key.as_deref(), &self.path(number), self.direct)
             .map_err(|d| self.error("read", number, d))?;
         Ok(Arc::clone(readers().entry(number).or_insert(Arc::new(r))))
     }

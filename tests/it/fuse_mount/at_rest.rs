@@ -5,7 +5,8 @@ use super::*;
 pub(super) const MARKER: &[u8] = b"TENANTFS-FUSE-PLAINTEXT-MARKER-4b1d";
 
 /// Data, names, link targets and xattrs written through a mount leave no plaintext under the
-/// data dir, neither while mounted (WAL) nor after unmount and a remount.
+/// data dir, neither while mounted (WAL) nor after unmount and a remount, nor in a snapshot,
+/// a restore or a fork of the tenant (their records, WAL copies and store files).
 #[test]
 fn no_plaintext_at_rest() {
     let h = Host::new("plain");
@@ -53,6 +54,15 @@ fn no_plaintext_at_rest() {
         Path::new(marker)
     );
     assert_eq!(xattrs(&mnt.join("small.txt"))[&b"user.m"[..]], MARKER);
+    std::fs::write(mnt.join("unsynced.txt"), &small).unwrap();
+    h.ok(&["snapshot", "create", "t", "s1"]);
+    h.ok(&["tenant", "fork", "t", "f"]);
     m.umount();
-    scan("after remount");
+    scan("after remount, a snapshot and a fork");
+    h.ok(&["tenant", "restore", "t", "--snapshot", "s1"]);
+    h.ok(&["tenant", "fork", "t", "g", "--snapshot", "s1"]);
+    let m = h.mount("g", &mnt, "");
+    assert_eq!(std::fs::read(mnt.join("unsynced.txt")).unwrap(), small);
+    m.umount();
+    scan("after a restore and a fork of the snapshot");
 }
