@@ -2,7 +2,9 @@
 //! its record, the renames and syncs) of the open tenant and the bytes the snapshot holds of
 //! its own (files not shared with the store: the MANIFEST, the WAL copy, CURRENT, the table
 //! files of the flush it makes); then the time and own bytes of a copy of it
-//! (`TenantDb::copy_checkpoint`: what a restore or a fork builds), for a tenant of 20,000
+//! (`TenantDb::copy_checkpoint`: what a restore builds), and of a fork of the open tenant
+//! (`forks::fork`: a checkpoint, the fork's record, and the source moved to a new key with a
+//! new WAL and extent file), for a tenant of 20,000
 //! small files that grows by bulk data to each size given. Before each snapshot the tenant
 //! writes 100 small files more (a memtable with something in it, as a live tenant's has).
 //! The target (snapshots and forks): <= 20 ms and <= 256 KiB, flat in the tenant's size.
@@ -79,8 +81,8 @@ fn main() {
         .ino;
     let piece: Vec<u8> = (0..1 << 20).map(|i| (i % 251) as u8 | 1).collect();
     let mut written = 0u64;
-    println!("| tenant's bulk data | snapshot ms | own bytes | all bytes (linked included) | files linked | copy ms | copy's own bytes |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| tenant's bulk data | snapshot ms | own bytes | all bytes (linked included) | files linked | copy ms | copy's own bytes | fork ms | fork's own bytes |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (i, &mib) in sizes.iter().enumerate() {
         while written < mib {
             vol.write(big, written << 20, &piece).unwrap();
@@ -109,11 +111,18 @@ fn main() {
         tenantfs::store::TenantDb::copy_checkpoint("t", &target, &copy).unwrap();
         let copy_ms = started.elapsed().as_secs_f64() * 1e3;
         let (copy_own, _) = own_and_all(&copy);
+        more_small(&vol, 100);
+        let fork = format!("f{i}");
+        let forked = tenantfs::forks::fork(&data, vol.tenant(), &fork, None).unwrap();
+        let fork_ms = forked.took.as_secs_f64() * 1e3;
+        let (fork_own, _) = own_and_all(&root.join("tenants").join(&fork));
+        tenantfs::tenants::delete(&data, &fork).unwrap();
         println!(
-            "| {mib} MiB | {ms:.1} | {} KiB | {} MiB | {linked} | {copy_ms:.1} | {} KiB |",
+            "| {mib} MiB | {ms:.1} | {} KiB | {} MiB | {linked} | {copy_ms:.1} | {} KiB | {fork_ms:.1} | {} KiB |",
             own >> 10,
             all >> 20,
-            copy_own >> 10
+            copy_own >> 10,
+            fork_own >> 10
         );
         std::fs::remove_dir_all(&copy).unwrap();
         tenantfs::snapshots::delete(&root, "t", &name).unwrap();

@@ -36,6 +36,39 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Res
     result
 }
 
+/// Removes the directories in `dir` that a create or a delete left when it was killed:
+/// `.creating-NAME-PID` and `.deleting-NAME-PID`, for `name` (or any name), of a process that
+/// is gone, or of this one when `own` (the caller knows none of this process's is under way).
+pub(crate) fn remove_leftovers(dir: &Path, name: Option<&str>, own: bool) -> std::io::Result<()> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file_name
+            .strip_prefix(".creating-")
+            .or_else(|| file_name.strip_prefix(".deleting-"))
+        else {
+            continue;
+        };
+        let Some((of, pid)) = rest.rsplit_once('-') else {
+            continue;
+        };
+        let left = pid
+            .parse::<u32>()
+            .is_ok_and(|pid| match pid == std::process::id() {
+                true => own,
+                false => crate::process::going_away(pid),
+            });
+        if left && name.is_none_or(|n| n == of) {
+            fs::remove_dir_all(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// Makes a directory's entries (creations, renames) durable.
 pub(crate) fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()

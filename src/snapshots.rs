@@ -195,7 +195,7 @@ pub fn create(root: &Path, tenant: &Tenant, name: &str) -> Result<Taken, Snapsho
     static CREATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one = CREATING.lock().unwrap_or_else(|e| e.into_inner());
     fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-    remove_leftovers(&dir, name)?;
+    crate::fs_util::remove_leftovers(&dir, Some(name), true).map_err(io_err(&dir))?;
     let staging = dir.join(format!(".creating-{name}-{}", std::process::id()));
     let started = Instant::now();
     fs::create_dir(&staging).map_err(io_err(&staging))?;
@@ -235,33 +235,6 @@ pub fn create(root: &Path, tenant: &Tenant, name: &str) -> Result<Taken, Snapsho
         let _ = fs::remove_dir_all(&staging);
     }
     result
-}
-
-/// Removes what an earlier create or delete of snapshot `name` in `dir` left when it was
-/// killed: directories named for it that are not a snapshot, of processes that are gone (or
-/// of this one: see [`create`]).
-fn remove_leftovers(dir: &Path, name: &str) -> Result<(), SnapshotError> {
-    let entries = fs::read_dir(dir).map_err(io_err(dir))?;
-    for entry in entries.flatten() {
-        let file_name = entry.file_name().to_string_lossy().into_owned();
-        let Some(rest) = file_name
-            .strip_prefix(".creating-")
-            .or_else(|| file_name.strip_prefix(".deleting-"))
-        else {
-            continue;
-        };
-        let Some((of, pid)) = rest.rsplit_once('-') else {
-            continue;
-        };
-        let gone = pid
-            .parse::<u32>()
-            .is_ok_and(|pid| pid == std::process::id() || crate::process::going_away(pid));
-        if of == name && gone {
-            let path = entry.path();
-            fs::remove_dir_all(&path).map_err(io_err(&path))?;
-        }
-    }
-    Ok(())
 }
 
 /// Takes snapshot `name` of tenant `tenant`, which no process serves: opens its store for

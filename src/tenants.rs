@@ -92,6 +92,11 @@ pub enum TenantError {
         path: PathBuf,
         detail: String,
     },
+    #[error(
+        "tenant {0}: its keys were destroyed by a `tenant delete --shred` that was cut short; \
+         run `tenantfs tenant delete {0} --shred` again to finish it"
+    )]
+    Shredded(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -328,9 +333,15 @@ fn create_staged(
     if dir.exists() {
         return Err(TenantError::Exists(name.to_owned()));
     }
+    // (What a killed create left is not looked for here: that would read every tenant's
+    // name. `delete --shred` removes it: a killed fork's holds its source's keys.)
     let staging = root.join(format!(".creating-{name}-{}", std::process::id()));
+    // Taken by a create of the same name in this process, which goes on.
+    fs::create_dir(&staging).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => TenantError::Exists(name.to_owned()),
+        _ => io_err(&staging)(e),
+    })?;
     let result = (|| {
-        fs::create_dir(&staging).map_err(io_err(&staging))?;
         let record = build(&staging)?;
         let json = serde_json::to_vec_pretty(&record).expect("record serialises");
         let record_path = staging.join(RECORD);
@@ -355,6 +366,9 @@ fn create_staged(
 fn read_record(dir: &Path, name: &str) -> Result<TenantRecord, TenantError> {
     let path = dir.join(RECORD);
     let bytes = fs::read(&path).map_err(io_err(&path))?;
+    if !bytes.is_empty() && bytes.iter().all(|&b| b == 0) {
+        return Err(TenantError::Shredded(name.to_owned()));
+    }
     let record: TenantRecord =
         serde_json::from_slice(&bytes).map_err(|e| TenantError::BadRecord {
             name: name.to_owned(),
@@ -441,7 +455,10 @@ pub fn list(root: &Path) -> Result<Vec<TenantInfo>, TenantError> {
         if validate_name(&name).is_err() || !entry.path().join(RECORD).exists() {
             continue; // staging or deleting directories, stray files
         }
-        let record = read_record(&entry.path(), &name)?;
+        let record = match read_record(&entry.path(), &name) {
+            Err(TenantError::Shredded(_)) => continue, // on its way out
+            r => r?,
+        };
         out.push(record.info(tree_bytes(&entry.path())));
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
@@ -626,8 +643,12 @@ fn open_store(
 /// are sealed under it (the store starts new files at once); those written before keep
 /// theirs, which stay in its ring. Returns the new key's id.
 pub fn rotate_key(data: &DataDir, tenant: &Tenant) -> Result<KeyId, TenantError> {
-    let (id, key) = add_key(data, &tenant.info.name)?;
-    tenant.keys.rotate_to(id, key);
+    let id = {
+        let _one = record_changes();
+        let (id, key) = add_key(data, &tenant.info.name)?;
+        tenant.keys.rotate_to(id, key);
+        id
+    };
     tenant.db.start_new_files(&id.0)?;
     Ok(id)
 }
@@ -637,15 +658,17 @@ pub fn rotate_key(data: &DataDir, tenant: &Tenant) -> Result<KeyId, TenantError>
 pub fn rotate_key_closed(data: &DataDir, name: &str) -> Result<KeyId, TenantError> {
     tenant_dir(data.root(), name)?;
     let _closed = lock_closed(data.root(), name)?;
+    let _one = record_changes();
     Ok(add_key(data, name)?.0)
 }
 
 /// A new key in tenant `name`'s record, as its writing key (the record replaced atomically:
-/// a crash leaves the old ring or the new one). The caller holds the tenant's lock.
+/// a crash leaves the old ring or the new one). The caller holds the tenant's lock and
+/// [`record_changes`].
 fn add_key(data: &DataDir, name: &str) -> Result<(KeyId, TenantKey), TenantError> {
     let (id, key) = (KeyId::generate()?, TenantKey::generate()?);
     let wrapped = hex::encode(data.master_key().wrap_tenant_key(name, &key)?);
-    rewrite_record(data.root(), name, |r| {
+    rewrite_record_held(data.root(), name, |r| {
         r.keys.push(RecordKey {
             id: id.to_hex(),
             wrapped,
@@ -747,8 +770,27 @@ pub fn set_quota(root: &Path, name: &str, quota: Quota) -> Result<TenantInfo, Te
     info(root, name)
 }
 
+/// Record changes in this process, one at a time: each reads the record, changes it and
+/// writes it back (through a temporary file named for the process), and a rotation changes
+/// the record and then the open ring, which two rotations must not interleave.
+static RECORD_CHANGES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn record_changes() -> std::sync::MutexGuard<'static, ()> {
+    RECORD_CHANGES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Replaces tenant `name`'s record, changed by `change`, atomically.
 fn rewrite_record(
+    root: &Path,
+    name: &str,
+    change: impl FnOnce(&mut TenantRecord),
+) -> Result<(), TenantError> {
+    let _one = record_changes();
+    rewrite_record_held(root, name, change)
+}
+
+/// [`rewrite_record`] for a caller that holds [`record_changes`].
+fn rewrite_record_held(
     root: &Path,
     name: &str,
     change: impl FnOnce(&mut TenantRecord),
@@ -854,11 +896,16 @@ pub fn delete(data: &DataDir, name: &str) -> Result<(), TenantError> {
 pub fn delete_shredded(data: &DataDir, name: &str) -> Result<Vec<String>, TenantError> {
     let dir = tenant_dir(data.root(), name)?;
     let closed = lock_closed(data.root(), name)?;
+    // A fork of it killed on its way holds its keys, wrapped for the fork's name.
+    let root = data.tenants_dir();
+    crate::fs_util::remove_leftovers(&root, None, false).map_err(io_err(&root))?;
     let path = dir.join(RECORD);
-    let bytes = fs::read(&path).map_err(io_err(&path))?;
     let mut holders = Vec::new();
-    if bytes.iter().any(|&b| b != 0) {
-        let record = read_record(&dir, name)?;
+    if let Some(record) = match read_record(&dir, name) {
+        Err(TenantError::Shredded(_)) => None,
+        r => Some(r?),
+    } {
+        let bytes = fs::read(&path).map_err(io_err(&path))?;
         let keys = keyring(data, name, &dir, &record)?;
         holders = holders_of(data, name, &keys)?;
         let mut file = fs::OpenOptions::new()

@@ -176,9 +176,10 @@ pub fn delete(cli: &Cli, name: &str, shred: bool) -> Result<()> {
     );
     if !holders.is_empty() {
         println!(
-            "except its files from before it was forked into {}: those forks hold copies of \
-             the keys that seal them, to read the files they share (shred them too to make \
-             those bytes unreadable)",
+            "except where tenants {} hold copies of some of its keys (its forks, or the tenant \
+             it was forked from, to read the files they share): its files sealed under those \
+             keys still open under them (shred those tenants too to make all of its bytes \
+             unreadable)",
             holders.join(", ")
         );
     }

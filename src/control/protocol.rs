@@ -191,8 +191,7 @@ pub enum RefusalCode {
     AlreadyAttached,
     /// This process does not serve that volume.
     NotAttached,
-    /// A snapshot, fork or key rotation was not done (the message says why; nothing was
-    /// changed).
+    /// A snapshot, fork or key rotation failed (the message says why and what was done).
     SnapshotFailed,
     /// A code from a newer server.
     #[serde(other)]

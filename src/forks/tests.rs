@@ -91,6 +91,20 @@ fn a_fork_holds_its_source_and_each_side_reads_only_what_it_writes() {
             new_files >= 3,
             "the source wrote {new_files} files after the fork"
         );
+        // The files it goes on appending to, too: its newest MANIFEST and WAL.
+        let db = root.join("tenants/t/db");
+        for kind in ["MANIFEST-", ".log"] {
+            let newest = std::fs::read_dir(&db)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .filter(|p| {
+                    let n = p.file_name().unwrap().to_string_lossy().into_owned();
+                    n.starts_with(kind) || n.ends_with(kind)
+                })
+                .max()
+                .unwrap();
+            assert_eq!(file_key_id(&newest).unwrap(), Some(writing), "{kind}");
+        }
     }
     let before = store_files(&root, "f");
     {
@@ -283,6 +297,14 @@ fn a_shredded_tenant_leaves_no_key_to_its_own_files_and_its_fork_keeps_its_share
     let z = root.join("tenants/z/tenant.json");
     let len = std::fs::metadata(&z).unwrap().len() as usize;
     std::fs::write(&z, vec![0u8; len]).unwrap();
+    let e = crate::tenants::info(&root, "z").unwrap_err().to_string();
+    assert!(e.contains("delete z --shred` again"), "{e}");
+    let listed: Vec<String> = crate::tenants::list(&root)
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(listed, ["f"], "a tenant being shredded is not listed");
     assert!(crate::tenants::delete_shredded(data, "z")
         .unwrap()
         .is_empty());

@@ -64,7 +64,7 @@ impl ServingHost {
             .map_err(|e| {
                 Refusal::new(
                     RefusalCode::SnapshotFailed,
-                    format!("tenant {tenant} keeps its key: {e}"),
+                    format!("tenant {tenant}: the key rotation failed: {e}"),
                 )
             })?;
         tracing::info!(tenant, key = %id, "tenant key rotated");

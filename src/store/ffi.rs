@@ -325,6 +325,71 @@ pub(crate) fn compact_with_blob_gc(db: &rocksdb::DB, cf: &rocksdb::ColumnFamily)
     }
 }
 
+/// Waits for the flushes and compactions running now to end (`PauseBackgroundWork`, then
+/// `ContinueBackgroundWork`): files they opened are closed when it returns.
+pub(crate) fn wait_for_running_background_work(db: &rocksdb::DB) -> Result<(), String> {
+    for pause in [true, false] {
+        let mut err: *mut c_char = std::ptr::null_mut();
+        // SAFETY: `db` is open for the call; `err` is one writable pointer, set to a malloc'd
+        // message on failure.
+        unsafe {
+            if pause {
+                sys::rocksdb_pause_background_work(db.as_raw_ptr(), &mut err);
+            } else {
+                sys::rocksdb_continue_background_work(db.as_raw_ptr(), &mut err);
+            }
+        }
+        if !err.is_null() {
+            // SAFETY: a NUL-terminated message the C API malloc'd for us, freed once here.
+            let message = unsafe {
+                let m = std::ffi::CStr::from_ptr(err).to_string_lossy().into_owned();
+                sys::rocksdb_free(err.cast());
+                m
+            };
+            return Err(message);
+        }
+    }
+    Ok(())
+}
+
+/// Sets mutable DB-wide options (`DB::SetDBOptions`), which rust-rocksdb does not wrap.
+pub(crate) fn set_db_options(db: &rocksdb::DB, opts: &[(&str, &str)]) -> Result<(), String> {
+    let owned: Vec<(std::ffi::CString, std::ffi::CString)> = opts
+        .iter()
+        .map(|(k, v)| {
+            (
+                std::ffi::CString::new(*k).expect("option names have no NUL"),
+                std::ffi::CString::new(*v).expect("option values have no NUL"),
+            )
+        })
+        .collect();
+    let keys: Vec<*const c_char> = owned.iter().map(|(k, _)| k.as_ptr()).collect();
+    let values: Vec<*const c_char> = owned.iter().map(|(_, v)| v.as_ptr()).collect();
+    let mut err: *mut c_char = std::ptr::null_mut();
+    // SAFETY: `db` is open for the call; `keys` and `values` hold `len` pointers to
+    // NUL-terminated strings that outlive the call (the C API copies them into a map);
+    // `err` is one writable pointer, set to a malloc'd message on failure.
+    unsafe {
+        sys::rocksdb_set_db_options(
+            db.as_raw_ptr(),
+            keys.len() as i32,
+            keys.as_ptr(),
+            values.as_ptr(),
+            &mut err,
+        );
+    }
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a NUL-terminated message the C API malloc'd for us, freed once here.
+    let message = unsafe {
+        let m = std::ffi::CStr::from_ptr(err).to_string_lossy().into_owned();
+        sys::rocksdb_free(err.cast());
+        m
+    };
+    Err(message)
+}
+
 /// Makes `cache` the store's blob cache too (rust-rocksdb takes only its own cache type).
 pub(crate) fn set_blob_cache(opts: &mut rocksdb::Options, cache: &SlabLruCache) {
     // SAFETY: both pointers are alive for the call; the C API copies the cache's shared_ptr

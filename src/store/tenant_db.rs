@@ -659,14 +659,33 @@ impl TenantDb {
         }
     }
 
-    /// Starts new files for everything written from now on: a marker (`marker`, under a
-    /// key of its own in `Meta`) written and every memtable flushed, so RocksDB moves to a
-    /// new WAL (it does so only with a memtable that holds something), and the open extent
-    /// file closed. After a key rotation, every file the store writes afterwards is sealed
-    /// under the new key.
+    /// Starts new files for everything written from now on: the flushes and compactions
+    /// running now waited for, a marker (`marker`, under a key of its own in `Meta`) written
+    /// and every memtable flushed, so RocksDB moves to a new WAL (it does so only with a
+    /// memtable that holds something) and, its limits lowered for that flush, a new
+    /// MANIFEST; and the open extent file closed. After a key rotation, every file the store
+    /// writes afterwards is sealed under the new key.
     pub fn start_new_files(&self, marker: &[u8]) -> Result<(), StoreError> {
+        // A flush or compaction running now writes files it opened under the old key.
+        super::ffi::wait_for_running_background_work(&self.db)
+            .map_err(|detail| StoreError::from_detail(&self.tenant, "wait", detail))?;
+        // The MANIFEST too: RocksDB moves to a new one when the current one is past its
+        // limit, here at the flush's edit; the limits go back to RocksDB's defaults after.
+        let limits = |size: &str, amp: &str| {
+            super::ffi::set_db_options(
+                &self.db,
+                &[
+                    ("max_manifest_file_size", size),
+                    ("max_manifest_space_amp_pct", amp),
+                ],
+            )
+            .map_err(|detail| StoreError::from_detail(&self.tenant, "set options", detail))
+        };
+        limits("1", "0")?;
         self.put(Family::Meta, b"!files-started", marker)?;
-        self.flush()?;
+        let flushed = self.flush();
+        limits("1073741824", "500")?;
+        flushed?;
         self.extents.close_if_idle(std::time::Duration::ZERO)?;
         Ok(())
     }

@@ -493,7 +493,7 @@ fn writing(target: &str, write: &str) -> std::process::Child {
 
 /// A block volume holding an ext4 filesystem, snapshotted while it is attached and served,
 /// then overwritten, resized and restored: it holds the filesystem it held (fsck clean) at
-/// its old size.
+/// its old size; forked while attached, the fork holds it too.
 #[test]
 fn an_attached_volume_is_snapshotted_while_served_and_restores_its_filesystem() {
     let h = Host::new("vol-snap");
@@ -533,6 +533,22 @@ fn an_attached_volume_is_snapshotted_while_served_and_restores_its_filesystem() 
         "the restored volume differs from the filesystem"
     );
     check(&mut cmd("e2fsck", &["-fn", back.to_str().unwrap()]));
+    // Forked while attached and written: the fork holds the filesystem, fsck clean, and
+    // the volume's later writes are not in it.
+    let out = h.ok(&["tenant", "fork", "v", "w"]);
+    assert!(out.contains("into w while it is served"), "{out}");
+    qemu_io(&uri, &["write -P 0x55 0 1M", "flush"]);
+    assert_eq!(listed(&h, "w").unwrap()["device_size"], 64 << 20);
+    let w_sock = format!("unix:{}", h.root().join("w.sock").display());
+    let w_uri = attach(&h, "w", &w_sock);
+    let fork = h.root().join("fork.img");
+    check(&mut cmd("nbdcopy", &[&w_uri, fork.to_str().unwrap()]));
+    assert!(
+        same_file(&img, &fork),
+        "the fork differs from the filesystem"
+    );
+    check(&mut cmd("e2fsck", &["-fn", fork.to_str().unwrap()]));
+    h.ok(&["volume", "detach", "w"]);
     h.ok(&["volume", "detach", "v"]);
     d.terminate_cleanly(&[]);
 }
