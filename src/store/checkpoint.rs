@@ -43,37 +43,19 @@ pub(super) fn create(
     target: &Path,
     flush: bool,
 ) -> Result<(), StoreError> {
-    let io = |path: &Path| io_error(tenant, path);
-    if target.exists() {
-        return Err(StoreError::io(
-            tenant,
-            target,
-            std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "a checkpoint is there already; delete it or choose another name",
-            ),
-        ));
-    }
-    let staging = staging_of(target);
     // One checkpoint of the store at a time, and no collection until its files are linked.
     let _no_collection = extents.hold_collection();
-    // Left by an attempt that ended early (RocksDB builds its part in `STAGING.tmp`).
-    for dir in [staging.clone(), tmp_of(&staging)] {
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&dir)(e)),
-            _ => {}
+    stage_into(tenant, target, "a checkpoint", |staging| {
+        // RocksDB builds its part in `STAGING.tmp`, which an attempt that ended early left.
+        remove_if_there(&tmp_of(staging)).map_err(io_error(tenant, &tmp_of(staging)))?;
+        let staged = stage(db, tenant, extents, staging, flush);
+        if staged.is_err() {
+            let _ = std::fs::remove_dir_all(tmp_of(staging));
         }
-    }
-    let staged = stage(db, tenant, extents, &staging, flush);
-    if staged.is_err() {
-        let _ = std::fs::remove_dir_all(&staging);
-        let _ = std::fs::remove_dir_all(tmp_of(&staging));
-    }
-    staged?;
-    fail::fail_point!("checkpoint-staged");
-    std::fs::rename(&staging, target).map_err(io(target))?;
-    let parent = target.parent().unwrap_or(Path::new("."));
-    sync_dir(parent).map_err(io(parent))
+        staged?;
+        fail::fail_point!("checkpoint-staged");
+        Ok(())
+    })
 }
 
 /// Writes a copy of the checkpoint at `source` (a directory [`create`] made, never opened as
@@ -82,6 +64,23 @@ pub(super) fn create(
 /// (MANIFEST, CURRENT, IDENTITY, WALs: a store opened there writes them) copied. Staged and
 /// renamed into place as [`create`] is; `source` is only read.
 pub(super) fn copy(tenant: &str, source: &Path, target: &Path) -> Result<(), StoreError> {
+    stage_into(tenant, target, "a store", |staging| {
+        copy_dir(source, staging, true).map_err(|(path, e)| io_error(tenant, &path)(e))?;
+        fail::fail_point!("checkpoint-copy-staged");
+        Ok(())
+    })
+}
+
+/// Builds a store directory at `target` (which must not hold `what` yet) through `build`,
+/// which fills the staging directory it is given: what an earlier attempt left there is
+/// removed first, what a failed one leaves is removed after, and a whole one is renamed into
+/// place and the rename synced.
+fn stage_into(
+    tenant: &str,
+    target: &Path,
+    what: &str,
+    build: impl FnOnce(&Path) -> Result<(), StoreError>,
+) -> Result<(), StoreError> {
     let io = |path: &Path| io_error(tenant, path);
     if target.exists() {
         return Err(StoreError::io(
@@ -89,24 +88,28 @@ pub(super) fn copy(tenant: &str, source: &Path, target: &Path) -> Result<(), Sto
             target,
             std::io::Error::new(
                 std::io::ErrorKind::AlreadyExists,
-                "a store is there already; delete it or choose another place",
+                format!("{what} is there already; delete it or choose another name"),
             ),
         ));
     }
     let staging = staging_of(target);
-    match std::fs::remove_dir_all(&staging) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&staging)(e)),
-        _ => {}
-    }
-    let staged = copy_dir(source, &staging, true);
-    if staged.is_err() {
+    remove_if_there(&staging).map_err(io(&staging))?;
+    let built = build(&staging);
+    if built.is_err() {
         let _ = std::fs::remove_dir_all(&staging);
     }
-    staged.map_err(|(path, e)| io(&path)(e))?;
-    fail::fail_point!("checkpoint-copy-staged");
+    built?;
     std::fs::rename(&staging, target).map_err(io(target))?;
     let parent = target.parent().unwrap_or(Path::new("."));
     sync_dir(parent).map_err(io(parent))
+}
+
+/// Removes directory `dir` and what it holds, if it is there.
+fn remove_if_there(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 /// Whether a store file named `name` is never written again once it has its name: table,

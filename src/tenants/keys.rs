@@ -1,0 +1,205 @@
+//! A tenant's keys: its ring unwrapped from its record, rotations (a new writing key), the
+//! ring a fork starts with, and the shred that destroys them (see ARCHITECTURE.md, "Key
+//! hierarchy").
+
+use std::fs;
+use std::path::Path;
+
+use super::*;
+
+/// The tenant's keys, unwrapped under the data dir's master key.
+pub(super) fn keyring(
+    data: &DataDir,
+    name: &str,
+    dir: &Path,
+    record: &TenantRecord,
+) -> Result<Keyring, TenantError> {
+    let bad = |detail: String| TenantError::BadRecord {
+        name: name.to_owned(),
+        path: dir.join(RECORD),
+        detail,
+    };
+    let mut keys = Vec::with_capacity(record.keys.len());
+    for k in &record.keys {
+        let id = KeyId::from_hex(&k.id).ok_or_else(|| bad(format!("key id {:?}", k.id)))?;
+        let wrapped = hex::decode(&k.wrapped).map_err(|e| bad(e.to_string()))?;
+        let key = data
+            .master_key()
+            .unwrap_tenant_key(name, &wrapped)
+            .ok_or_else(|| TenantError::WrongKey(name.to_owned()))?;
+        keys.push((id, key));
+    }
+    let writing = record
+        .writing_key
+        .as_deref()
+        .and_then(KeyId::from_hex)
+        .ok_or_else(|| bad("no writing key".into()))?;
+    Keyring::new(keys, writing)
+        .ok_or_else(|| bad("its key ids repeat, or lack the writing key".into()))
+}
+
+/// Moves tenant `tenant` (open in this process) to a new key: its files written from now on
+/// are sealed under it (the store starts new files at once); those written before keep
+/// theirs, which stay in its ring. Returns the new key's id.
+pub fn rotate_key(data: &DataDir, tenant: &Tenant) -> Result<KeyId, TenantError> {
+    let id = {
+        let _one = record_changes();
+        let (id, key) = add_key(data, &tenant.info.name)?;
+        tenant.keys.rotate_to(id, key);
+        id
+    };
+    tenant.db.start_new_files(&id.0)?;
+    Ok(id)
+}
+
+/// [`rotate_key`] of tenant `name`, which no process has open: its store starts using the
+/// new key when it next opens.
+pub fn rotate_key_closed(data: &DataDir, name: &str) -> Result<KeyId, TenantError> {
+    tenant_dir(data.root(), name)?;
+    let _closed = lock_closed(data.root(), name)?;
+    let _one = record_changes();
+    Ok(add_key(data, name)?.0)
+}
+
+/// A new key in tenant `name`'s record, as its writing key (the record replaced atomically:
+/// a crash leaves the old ring or the new one). The caller holds the tenant's lock and
+/// [`record_changes`].
+fn add_key(data: &DataDir, name: &str) -> Result<(KeyId, TenantKey), TenantError> {
+    let (id, key) = (KeyId::generate()?, TenantKey::generate()?);
+    let wrapped = hex::encode(data.master_key().wrap_tenant_key(name, &key)?);
+    rewrite_record_held(data.root(), name, |r| {
+        r.keys.push(RecordKey {
+            id: id.to_hex(),
+            wrapped,
+        });
+        r.writing_key = Some(id.to_hex());
+    })?;
+    fail::fail_point!("key-added");
+    Ok((id, key))
+}
+
+/// Creates tenant `new` as a fork of `source` (open in this process): its store is what
+/// `stage_db` writes into the directory it is given (a checkpoint of the source's store, or
+/// a copy of one of its snapshots), its ring the source's keys (to read the files it
+/// shares) and a key of its own that seals everything it writes; it takes the source's block
+/// size, base and quota, and `device_size`. The source then moves to a new key
+/// ([`rotate_key`]) before the fork appears, so the fork holds no key to anything the source
+/// writes after it. A crash leaves no fork (only a hidden staging directory) and the source
+/// whole, perhaps on its new key.
+pub(crate) fn create_fork(
+    data: &DataDir,
+    source: &Tenant,
+    new: &str,
+    device_size: Option<u64>,
+    stage_db: impl FnOnce(&Path) -> Result<(), TenantError>,
+) -> Result<TenantInfo, TenantError> {
+    create_staged(new, data, |staging| {
+        stage_db(&staging.join(DB))?;
+        fail::fail_point!("fork-staged");
+        let mut keys = Vec::new();
+        let mut wrap_error = None;
+        source.keys.for_each(
+            |id, key| match data.master_key().wrap_tenant_key(new, key) {
+                Ok(w) => keys.push(RecordKey {
+                    id: id.to_hex(),
+                    wrapped: hex::encode(w),
+                }),
+                Err(e) => wrap_error = Some(e),
+            },
+        );
+        if let Some(e) = wrap_error {
+            return Err(e.into());
+        }
+        let (own_id, own) = (KeyId::generate()?, TenantKey::generate()?);
+        keys.push(RecordKey {
+            id: own_id.to_hex(),
+            wrapped: hex::encode(data.master_key().wrap_tenant_key(new, &own)?),
+        });
+        rotate_key(data, source)?;
+        fail::fail_point!("fork-rotated");
+        let name = &source.info.name;
+        let from = read_record(&tenant_dir(data.root(), name)?, name)?;
+        let like = NewTenant {
+            block_size: None,
+            base: from.base.as_deref(),
+            device_size,
+            quota: from.quota,
+        };
+        Ok(TenantRecord::new(new, from.block_size, keys, own_id, &like))
+    })
+}
+
+/// The ids of tenant `name`'s keys and of its writing key, from its record (no key needed).
+pub fn key_ids(root: &Path, name: &str) -> Result<(Vec<KeyId>, KeyId), TenantError> {
+    let record = read_record(&tenant_dir(root, name)?, name)?;
+    let ids = record
+        .keys
+        .iter()
+        .filter_map(|k| KeyId::from_hex(&k.id))
+        .collect();
+    let writing = record
+        .writing_key
+        .as_deref()
+        .and_then(KeyId::from_hex)
+        .expect("checked when read");
+    Ok((ids, writing))
+}
+
+/// Deletes tenant `name` as [`delete`] does, its keys destroyed first: its record (the only
+/// place its keys are kept, wrapped under the master key) is overwritten with zeros and
+/// synced before anything else goes, so that its files, and their bytes the disk has not
+/// trimmed yet, open under no key this data dir holds. Except its files from before a fork:
+/// the fork holds its own copies of the keys it had then, to read the files they share.
+/// Returns the tenants that hold any of its keys (its forks, and their forks). A record left zeroed by a shred that was cut
+/// short is deleted without a question.
+pub fn delete_shredded(data: &DataDir, name: &str) -> Result<Vec<String>, TenantError> {
+    let dir = tenant_dir(data.root(), name)?;
+    let closed = lock_closed(data.root(), name)?;
+    // A fork of it killed on its way holds its keys, wrapped for the fork's name.
+    let root = data.tenants_dir();
+    crate::fs_util::remove_leftovers(&root, None, false).map_err(io_err(&root))?;
+    let path = dir.join(RECORD);
+    let mut holders = Vec::new();
+    if let Some(record) = match read_record(&dir, name) {
+        Err(TenantError::Shredded(_)) => None,
+        r => Some(r?),
+    } {
+        let bytes = fs::read(&path).map_err(io_err(&path))?;
+        let keys = keyring(data, name, &dir, &record)?;
+        holders = holders_of(data, name, &keys)?;
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        std::io::Write::write_all(&mut file, &vec![0u8; bytes.len()]).map_err(io_err(&path))?;
+        file.sync_all().map_err(io_err(&path))?;
+        fail::fail_point!("shred-keys-gone");
+    }
+    drop(closed);
+    delete(data, name)?;
+    Ok(holders)
+}
+
+/// The other tenants whose rings hold a key of `keys` (tenant `name`'s): its forks.
+fn holders_of(data: &DataDir, name: &str, keys: &Keyring) -> Result<Vec<String>, TenantError> {
+    let mut mine = zeroize::Zeroizing::new(Vec::new());
+    keys.for_each(|_, key| mine.push(*key.bytes()));
+    let mut holders = Vec::new();
+    for other in list(data.root())? {
+        if other.name == name {
+            continue;
+        }
+        let dir = tenant_dir(data.root(), &other.name)?;
+        let Ok(theirs) =
+            read_record(&dir, &other.name).and_then(|r| keyring(data, &other.name, &dir, &r))
+        else {
+            continue; // not ours to judge: its own commands report it
+        };
+        let mut shares = false;
+        theirs.for_each(|_, key| shares |= mine.contains(key.bytes()));
+        if shares {
+            holders.push(other.name);
+        }
+    }
+    Ok(holders)
+}
