@@ -310,3 +310,82 @@ fn a_shredded_tenant_leaves_no_key_to_its_own_files_and_its_fork_keeps_its_share
         .is_empty());
     assert!(!root.join("tenants/z").exists());
 }
+
+/// Two forks read the same unchanged data of their source: bulk data (extent files), 4 KiB
+/// writes (blob values) and small files (values in table files). The second finds it all in
+/// the host cache the first filled, and the cache does not grow: the cache keys name the
+/// shared files, not the store that reads them. The same store opened again (a dormant
+/// mount's wake) likewise finds its blob values.
+#[test]
+fn forks_reading_the_same_unchanged_data_share_the_host_cache() {
+    let store = TestStore::with_cache(64 << 20);
+    let (data, host) = (store.data_dir(), store.store_host());
+    let (bulk, blocks) = (noise(8 << 20, 3), noise(2 << 20, 4));
+    {
+        let vol = store.open();
+        write_file(&vol, b"bulk", &bulk);
+        let ino = vol
+            .mknod(
+                ROOT_INO,
+                b"blocks",
+                crate::volume::FileKind::File,
+                0o644,
+                owner(),
+                0,
+            )
+            .unwrap()
+            .ino;
+        for (i, block) in blocks.chunks(4096).enumerate() {
+            vol.write(ino, (i * 4096) as u64, block).unwrap();
+        }
+        for i in 0..500u64 {
+            write_file(&vol, format!("small-{i}").as_bytes(), &noise(1000, i));
+        }
+        vol.fsync().unwrap();
+        vol.tenant().db().flush().unwrap();
+        assert!(
+            vol.tenant().db().blob_file_count() > 0,
+            "4 KiB writes in blob files"
+        );
+        fork(data, vol.tenant(), "f1", None).unwrap();
+        fork(data, vol.tenant(), "f2", None).unwrap();
+    }
+    let cache = host.block_cache();
+    let read_all = |name: &str| {
+        let vol = open(&store, name);
+        let misses = cache.stats().misses;
+        assert!(read_file(&vol, b"bulk").unwrap() == bulk);
+        assert!(read_file(&vol, b"blocks").unwrap() == blocks);
+        for i in 0..500u64 {
+            let small = read_file(&vol, format!("small-{i}").as_bytes()).unwrap();
+            assert!(small == noise(1000, i));
+        }
+        cache.stats().misses - misses
+    };
+    cache.release(cache.usage());
+    let empty = cache.usage();
+    let first_misses = read_all("f1");
+    let one_copy = cache.usage() - empty;
+    assert!(
+        one_copy >= 10 << 20,
+        "the first fork's read filled the cache: {one_copy}"
+    );
+    for name in ["f2", "f1"] {
+        let misses = read_all(name);
+        let grown = cache.usage() - empty - one_copy;
+        // Misses left: a blob file's first value of each store (its id is learned as the
+        // file opens), and what a store reads at open before its first read.
+        assert!(
+            misses * 20 < first_misses,
+            "{name} missed {misses} lookups, the first fork {first_misses}"
+        );
+        assert!(
+            grown < one_copy / 20,
+            "{name}: the cache grew by {grown} over {one_copy}"
+        );
+    }
+}
+
+fn owner() -> crate::volume::Owner {
+    crate::volume::Owner { uid: 0, gid: 0 }
+}

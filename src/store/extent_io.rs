@@ -195,6 +195,8 @@ pub(crate) struct Reader {
     file: std::fs::File,
     /// None for a plaintext store (benchmarks), whose files have no header.
     cipher: Option<FileCipher>,
+    /// The file's id (`file_ids`), from its header.
+    id: Option<[u8; 16]>,
     direct: bool,
 }
 
@@ -208,8 +210,8 @@ impl Reader {
             .custom_flags(flags | libc::O_CLOEXEC)
             .open(path)
             .map_err(|e| format!("{}: {e}", path.display()))?;
-        let cipher = match key {
-            None => None,
+        let (cipher, id) = match key {
+            None => (None, None),
             Some(key) => {
                 let mut prefix = AlignedBuf::new(PREFIX_LEN);
                 let n = pread_full(&file, &mut prefix[..], 0)
@@ -226,14 +228,20 @@ impl Reader {
                         path.display()
                     )
                 })?;
-                Some(cipher)
+                (Some(cipher), file_key::file_id(&prefix[..]))
             }
         };
         Ok(Self {
             file,
             cipher,
+            id,
             direct,
         })
+    }
+
+    /// The file's id (`file_ids`); none for a plaintext file.
+    pub(crate) fn file_id(&self) -> Option<[u8; 16]> {
+        self.id
     }
 
     /// Reads and decrypts `len` bytes from `offset` of the body (both aligned, for O_DIRECT)
@@ -370,7 +378,8 @@ mod tests {
 
     /// The reader opens what the Env's appender wrote: the header under the tenant's key, the
     /// body at the Env's offsets; a read carried out by another (the ring's) and decrypted
-    /// after gives the same bytes; another key is refused with a clear message.
+    /// after gives the same bytes; another key is refused with a clear message. The file's id
+    /// the Env noted as it wrote the header is the one the reader finds in it.
     #[test]
     fn encrypted_appends_read_back_through_the_reader() {
         let dir = tempfile::tempdir().unwrap();
@@ -378,8 +387,15 @@ mod tests {
         let ring =
             |key| crate::crypto::Keyring::single(crate::crypto::KeyId::generate().unwrap(), key);
         let key = std::sync::Arc::new(ring(crate::crypto::TenantKey::generate().unwrap()));
-        let env = crate::store::ffi::encrypted_env(std::sync::Arc::clone(&key)).unwrap();
+        let ids = std::sync::Arc::new(crate::store::file_ids::FileIds::default());
+        let env = crate::store::ffi::encrypted_env(std::sync::Arc::clone(&key), ids.clone());
+        let env = env.unwrap();
         let mut w = Appender::create(EnvPtr::of(Some(&env)), &path, None, false).unwrap();
+        let noted = ids.get(crate::store::file_ids::CachedFile::Extent, 1);
+        assert!(
+            noted.is_some(),
+            "the Env notes the id of the header it writes"
+        );
         let data: Vec<u8> = (0..4 * ALIGN).map(|i| (i % 253) as u8).collect();
         w.append(&data).unwrap();
         w.close().unwrap();
@@ -391,6 +407,7 @@ mod tests {
         );
         assert_ne!(&on_disk[PREFIX_LEN..], &data[..], "the body is encrypted");
         let r = Reader::open(Some(&*key), &path, false).unwrap();
+        assert_eq!(r.file_id(), noted);
         let mut buf = AlignedBuf::new(2 * ALIGN);
         assert_eq!(
             r.read(ALIGN as u64, &mut buf, 2 * ALIGN).unwrap(),

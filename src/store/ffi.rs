@@ -26,6 +26,7 @@ use rocksdb::AsRawPtr;
 use crate::cache::SlabLruCache;
 use crate::crypto::{FileCipher, Keyring};
 
+use super::file_ids::{self, CachedFile, FileIds};
 use super::file_key::{self, PREFIX_LEN};
 use super::health::StoreHealth;
 
@@ -40,6 +41,22 @@ extern "C" {
         health: *const c_void,
     );
     fn tenantfs_db_resume(db: *mut sys::rocksdb_t) -> *mut c_char;
+    fn tenantfs_blob_cache_new(
+        host: *const sys::rocksdb_cache_t,
+        ids: *const c_void,
+    ) -> *mut sys::rocksdb_cache_t;
+    fn tenantfs_blob_cache_start(
+        cache: *const sys::rocksdb_cache_t,
+        db: *mut sys::rocksdb_t,
+    ) -> i32;
+    #[cfg(test)]
+    fn tenantfs_blob_cache_key_for(
+        cache: *const sys::rocksdb_cache_t,
+        db: *mut sys::rocksdb_t,
+        number: u64,
+        offset: u64,
+        out: *mut c_char,
+    ) -> usize;
     fn tenantfs_db_delete_orphan_blob_files(
         db: *mut sys::rocksdb_t,
         bytes: *mut u64,
@@ -268,10 +285,18 @@ extern "C" fn tenantfs_health_release(health: *const c_void) {
     }
 }
 
-/// Builds a RocksDB Env whose files are all encrypted under `key` (see `file_key`).
-pub(crate) fn encrypted_env(ring: Arc<Keyring>) -> Option<rocksdb::Env> {
-    let key = Box::into_raw(Box::new(ring)).cast::<c_void>();
-    // SAFETY: `key` is a valid, uniquely owned Box<Arc<Keyring>> pointer; the shim takes ownership
+/// What an encrypted Env's provider holds: the ring its files open under, and the ids of the
+/// files whose headers it writes or opens.
+struct EnvKeys {
+    ring: Arc<Keyring>,
+    ids: Arc<FileIds>,
+}
+
+/// Builds a RocksDB Env whose files are all encrypted under `ring` (see `file_key`), noting the
+/// id of each blob and extent file it writes or opens in `ids`.
+pub(crate) fn encrypted_env(ring: Arc<Keyring>, ids: Arc<FileIds>) -> Option<rocksdb::Env> {
+    let key = Box::into_raw(Box::new(EnvKeys { ring, ids })).cast::<c_void>();
+    // SAFETY: `key` is a valid, uniquely owned Box<EnvKeys> pointer; the shim takes ownership
     // and releases it exactly once through `tenantfs_key_free`, also on its failure path.
     let raw = unsafe { tenantfs_encrypted_env_new(key) };
     if raw.is_null() {
@@ -391,10 +416,120 @@ pub(crate) fn set_db_options(db: &rocksdb::DB, opts: &[(&str, &str)]) -> Result<
 }
 
 /// Makes `cache` the store's blob cache too (rust-rocksdb takes only its own cache type).
-pub(crate) fn set_blob_cache(opts: &mut rocksdb::Options, cache: &SlabLruCache) {
+pub(crate) fn set_blob_cache(opts: &mut rocksdb::Options, cache: &BlobCache) {
+    let raw = match cache {
+        BlobCache::Host(c) => c.raw(),
+        BlobCache::ByFileId(k) => k.raw.as_ptr(),
+    };
     // SAFETY: both pointers are alive for the call; the C API copies the cache's shared_ptr
     // into the options.
-    unsafe { sys::rocksdb_options_set_blob_cache(opts.as_raw_ptr(), cache.raw()) }
+    unsafe { sys::rocksdb_options_set_blob_cache(opts.as_raw_ptr(), raw) }
+}
+
+/// The blob cache a store's options get.
+pub(crate) enum BlobCache<'a> {
+    /// The host cache under RocksDB's own keys (the reading session's).
+    Host(&'a SlabLruCache),
+    /// The host cache under keys naming blob files by id.
+    ByFileId(&'a BlobCacheKeys),
+}
+
+/// A store's blob cache under file keys (`shim.cc`'s BlobCacheKeys): the host cache, where a
+/// blob value is keyed by its file's id (`file_ids`) once [`Self::start`] has run, so stores
+/// that share a blob file share its cached values, and a store reopened finds its own again.
+pub(crate) struct BlobCacheKeys {
+    raw: NonNull<sys::rocksdb_cache_t>,
+}
+
+// SAFETY: the handle is only a shared_ptr holder; the cache behind it is internally synchronised
+// and the pointer lives until Drop.
+unsafe impl Send for BlobCacheKeys {}
+// SAFETY: as above.
+unsafe impl Sync for BlobCacheKeys {}
+
+impl BlobCacheKeys {
+    /// `host`'s view for a store whose file ids are in `ids`; `None` if the shim refused
+    /// (`host` is not a cache it made).
+    pub(crate) fn new(host: &SlabLruCache, ids: &Arc<FileIds>) -> Option<Self> {
+        let count = Arc::into_raw(Arc::clone(ids)).cast::<c_void>();
+        // SAFETY: `host` is alive for the call; `count` is one Arc count, which the shim takes
+        // (released through `tenantfs_file_ids_release`) only when it returns a cache.
+        let raw = unsafe { tenantfs_blob_cache_new(host.raw(), count) };
+        match NonNull::new(raw) {
+            Some(raw) => Some(Self { raw }),
+            None => {
+                // SAFETY: the count made above, not taken by the shim.
+                drop(unsafe { Arc::from_raw(count.cast::<FileIds>()) });
+                None
+            }
+        }
+    }
+
+    /// Keys blob values by file from now on, for the session of `db` (opened with this as its
+    /// blob cache); false if RocksDB's keys are not of the shape the shim knows (values are
+    /// then cached for this session alone).
+    pub(crate) fn start(&self, db: &rocksdb::DB) -> bool {
+        // SAFETY: both handles are alive for the call; the shim only reads the DB's ids.
+        unsafe { tenantfs_blob_cache_start(self.raw.as_ptr(), db.as_raw_ptr()) == 1 }
+    }
+
+    /// The key the host cache is asked for in place of RocksDB's key of blob file `number` at
+    /// `offset` in `db`'s session (16 bytes: RocksDB's own, unchanged).
+    #[cfg(test)]
+    pub(crate) fn key_for(&self, db: &rocksdb::DB, number: u64, offset: u64) -> Vec<u8> {
+        let mut out = [0u8; 28];
+        // SAFETY: both handles are alive for the call; `out` has the 28 bytes the shim writes
+        // at most.
+        let n = unsafe {
+            tenantfs_blob_cache_key_for(
+                self.raw.as_ptr(),
+                db.as_raw_ptr(),
+                number,
+                offset,
+                out.as_mut_ptr().cast(),
+            )
+        };
+        out[..n.min(28)].to_vec()
+    }
+}
+
+impl Drop for BlobCacheKeys {
+    fn drop(&mut self) {
+        // SAFETY: made by `tenantfs_blob_cache_new`, destroyed once; options that hold the
+        // cache keep their own shared_ptr.
+        unsafe { sys::rocksdb_cache_destroy(self.raw.as_ptr()) }
+    }
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_blob_cache_key(
+    ids: *const c_void,
+    number: u64,
+    offset: u64,
+    out: *mut c_char,
+) -> i32 {
+    if ids.is_null() || out.is_null() {
+        return -1;
+    }
+    // SAFETY: the shim's blob cache passes the count it holds (handed over in
+    // `BlobCacheKeys::new`, released only with the cache), so the value is alive.
+    let ids = unsafe { &*ids.cast::<FileIds>() };
+    let Some(id) = ids.get(CachedFile::Blob, number) else {
+        return 1;
+    };
+    let key = file_ids::cache_key(CachedFile::Blob, &id, offset);
+    // SAFETY: the shim passes a buffer of 28 bytes (`kKeyLength`), exclusively ours.
+    unsafe { std::ptr::copy_nonoverlapping(key.as_ptr(), out.cast::<u8>(), key.len()) };
+    0
+}
+
+#[no_mangle]
+extern "C" fn tenantfs_file_ids_release(ids: *const c_void) {
+    if !ids.is_null() {
+        // SAFETY: the count `Arc::into_raw` handed over in `BlobCacheKeys::new`, released
+        // once, by the cache's destructor.
+        drop(unsafe { Arc::from_raw(ids.cast::<FileIds>()) });
+    }
 }
 
 /// Walks the keys of `cf` in `[start, end)` without reading values from blob files: the
@@ -495,21 +630,44 @@ pub(crate) fn env_rep(env: &rocksdb::Env) -> *const c_void {
     unsafe { tenantfs_env_rep(env.as_raw_ptr()) }
 }
 
+/// The path the shim passes (`len` bytes at `name`, alive for the call).
+///
+/// # Safety
+/// `name` points to `len` readable bytes (or is null).
+unsafe fn path_of<'a>(name: *const c_char, len: usize) -> &'a std::path::Path {
+    use std::os::unix::ffi::OsStrExt;
+    if name.is_null() {
+        return std::path::Path::new("");
+    }
+    // SAFETY: as the caller promises.
+    let bytes = unsafe { std::slice::from_raw_parts(name.cast::<u8>(), len) };
+    std::path::Path::new(std::ffi::OsStr::from_bytes(bytes))
+}
+
 #[no_mangle]
-extern "C" fn tenantfs_prefix_create(key: *const c_void, prefix: *mut c_char, len: usize) -> i32 {
+extern "C" fn tenantfs_prefix_create(
+    key: *const c_void,
+    name: *const c_char,
+    name_len: usize,
+    prefix: *mut c_char,
+    len: usize,
+) -> i32 {
     if key.is_null() || prefix.is_null() || len != PREFIX_LEN {
         return -1;
     }
-    // SAFETY: the shim passes the Arc<Keyring> it owns (alive for the provider's lifetime)
-    // and a writable buffer of `len` bytes that RocksDB allocated for the prefix.
-    let (key, out) = unsafe {
+    // SAFETY: the shim passes the EnvKeys it owns (alive for the provider's lifetime), the
+    // file's name (`name_len` bytes, alive for the call) and a writable buffer of `len` bytes
+    // that RocksDB allocated for the prefix.
+    let (key, path, out) = unsafe {
         (
-            &**key.cast::<Arc<Keyring>>(),
+            &*key.cast::<EnvKeys>(),
+            path_of(name, name_len),
             std::slice::from_raw_parts_mut(prefix.cast::<u8>(), len),
         )
     };
-    match file_key::new_prefix(key, out) {
+    match file_key::new_prefix(&key.ring, out) {
         Ok(_) => {
+            key.ids.note_header(path, out);
             // Crash tests learn here that RocksDB started a new file (a flush or compaction).
             fail::fail_point!("store-file-created");
             0
@@ -524,6 +682,8 @@ extern "C" fn tenantfs_prefix_create(key: *const c_void, prefix: *mut c_char, le
 #[no_mangle]
 extern "C" fn tenantfs_stream_open(
     key: *const c_void,
+    name: *const c_char,
+    name_len: usize,
     prefix: *const c_char,
     len: usize,
     cipher_out: *mut *mut c_void,
@@ -533,14 +693,16 @@ extern "C" fn tenantfs_stream_open(
     }
     // SAFETY: as in `tenantfs_prefix_create`; `prefix` points to `len` readable bytes that
     // RocksDB read from (or just wrote to) the file, and `cipher_out` to one writable pointer.
-    let (key, prefix) = unsafe {
+    let (key, path, prefix) = unsafe {
         (
-            &**key.cast::<Arc<Keyring>>(),
+            &*key.cast::<EnvKeys>(),
+            path_of(name, name_len),
             std::slice::from_raw_parts(prefix.cast::<u8>(), len),
         )
     };
-    match file_key::open_prefix(key, prefix) {
+    match file_key::open_prefix(&key.ring, prefix) {
         Ok(cipher) => {
+            key.ids.note_header(path, prefix);
             // SAFETY: `cipher_out` is valid for one write (checked non-null above).
             unsafe { *cipher_out = Box::into_raw(Box::new(cipher)).cast() };
             0
@@ -592,7 +754,7 @@ extern "C" fn tenantfs_cipher_free(cipher: *mut c_void) {
 extern "C" fn tenantfs_key_free(key: *mut c_void) {
     if !key.is_null() {
         // SAFETY: created by Box::into_raw in `encrypted_env`; the shim frees it once.
-        drop(unsafe { Box::from_raw(key.cast::<Arc<Keyring>>()) });
+        drop(unsafe { Box::from_raw(key.cast::<EnvKeys>()) });
     }
 }
 

@@ -80,6 +80,17 @@ pub(crate) fn key_id(prefix: &[u8]) -> Result<Option<KeyId>, FileKeyError> {
     }
 }
 
+/// What tells this file from every other: 16 bytes of its header's seal, which begins with
+/// the seal's random 96-bit nonce (`crypto::seal`). A hard link of the file has the same; a
+/// file written again gets a new header, so a new id. `None`: no tenantfs header.
+pub(crate) fn file_id(prefix: &[u8]) -> Option<[u8; 16]> {
+    let at = match key_id(prefix).ok()? {
+        Some(_) => SEALED_AT,
+        None => MAGIC_V1.len(),
+    };
+    prefix.get(at..at + 16)?.try_into().ok()
+}
+
 /// Opens a header written by [`new_prefix`] (or by a tenantfs from before keyrings).
 pub(crate) fn open_prefix(ring: &Keyring, prefix: &[u8]) -> Result<FileCipher, FileKeyError> {
     if prefix.len() != PREFIX_LEN {
@@ -146,6 +157,23 @@ mod tests {
             open_prefix(&t, &p[..100]),
             Err(FileKeyError::NotAHeader)
         ));
+    }
+
+    #[test]
+    fn a_file_id_is_its_headers_and_new_with_each_header() {
+        let (_, t) = ring();
+        let mut p = vec![0u8; PREFIX_LEN];
+        new_prefix(&t, &mut p).unwrap();
+        let id = file_id(&p).unwrap();
+        assert_eq!(
+            file_id(&p.clone()),
+            Some(id),
+            "a copy of the header: the same file"
+        );
+        let mut q = vec![0u8; PREFIX_LEN];
+        new_prefix(&t, &mut q).unwrap();
+        assert_ne!(file_id(&q).unwrap(), id, "a new header: a new file");
+        assert_eq!(file_id(&[0u8; PREFIX_LEN]), None);
     }
 
     #[test]

@@ -163,8 +163,13 @@ impl StoreHost {
     /// never again by compaction (only the SSTs of keys and blob references are compacted, so
     /// a sequential write costs about two bytes on disk per byte). Blob files are encrypted by
     /// the store's Env like every other file, read with O_DIRECT, and their values cached in
-    /// the shared block cache, one value per slab slot (a 4 KiB block in a 4 KiB slot).
-    pub(crate) fn extents_options(&self, mut store: Options) -> Options {
+    /// the shared block cache, one value per slab slot (a 4 KiB block in a 4 KiB slot), under
+    /// keys naming their files (`blob_keys`, `file_ids`) if the store has them.
+    pub(crate) fn extents_options(
+        &self,
+        mut store: Options,
+        blob_keys: Option<&super::ffi::BlobCacheKeys>,
+    ) -> Options {
         store.set_enable_blob_files(true);
         store.set_min_blob_size(MIN_BLOB_BYTES);
         store.set_blob_file_size(256 << 20);
@@ -180,7 +185,11 @@ impl StoreHost {
         // files is collected where it warrants it (`volume::blob_gc`).
         store.set_enable_blob_gc(false);
         store.set_blob_compaction_readahead_size(2 << 20);
-        super::ffi::set_blob_cache(&mut store, self.cache.lru());
+        let cache = match blob_keys {
+            Some(keys) => super::ffi::BlobCache::ByFileId(keys),
+            None => super::ffi::BlobCache::Host(self.cache.lru()),
+        };
+        super::ffi::set_blob_cache(&mut store, &cache);
         store
     }
 

@@ -14,6 +14,7 @@ mod extent_io;
 mod extent_span;
 mod extents;
 mod ffi;
+mod file_ids;
 mod file_key;
 mod foreground;
 mod health;
@@ -177,7 +178,8 @@ pub mod layout {
             crate::crypto::KeyId::generate().unwrap(),
             crate::crypto::TenantKey::generate().unwrap(),
         );
-        let env = super::ffi::encrypted_env(std::sync::Arc::new(ring)).expect("env");
+        let ids = std::sync::Arc::default();
+        let env = super::ffi::encrypted_env(std::sync::Arc::new(ring), ids).expect("env");
         let rep = super::ffi::env_rep(&env);
         (env, rep)
     }

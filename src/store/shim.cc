@@ -7,12 +7,16 @@
 // - rocksdb::MemoryAllocator over the Rust slab allocator, installed on an LRU cache (wrapped to
 //   count hits, misses and evictions) returned as the C API's `rocksdb_cache_t`, so the block
 //   cache's memory goes back to the kernel when blocks are evicted.
+// - A store's view of that cache as its blob cache, under keys that name each blob file by its
+//   header (src/store/file_ids.rs) instead of by the reading store's session, so that stores
+//   sharing a blob file (forks) share its cached values.
 // - rocksdb::EventListener that tells Rust when a store stops taking writes and when it takes
 //   them again (src/store/health.rs), and DB::Resume, which the C API lacks.
 
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -30,6 +34,7 @@
 #include "rocksdb/options.h"
 #include "rocksdb/status.h"
 
+#include "cache/cache_key.h"  // RocksDB's own (not public): how blob cache keys are made
 #include "pipelined_writes.h"
 
 using ROCKSDB_NAMESPACE::BackgroundErrorReason;
@@ -53,9 +58,10 @@ using ROCKSDB_NAMESPACE::TableFileCreationInfo;
 
 extern "C" {
 // Implemented in Rust (src/store/ffi.rs). Return 0 on success.
-int tenantfs_prefix_create(const void* key, char* prefix, size_t len);
-int tenantfs_stream_open(const void* key, const char* prefix, size_t len,
-                         void** cipher_out);
+int tenantfs_prefix_create(const void* key, const char* name, size_t name_len,
+                           char* prefix, size_t len);
+int tenantfs_stream_open(const void* key, const char* name, size_t name_len,
+                         const char* prefix, size_t len, void** cipher_out);
 int tenantfs_cipher_apply(const void* cipher, uint64_t offset, char* data,
                           size_t len);
 void tenantfs_cipher_free(void* cipher);
@@ -72,6 +78,10 @@ void tenantfs_store_resumed(const void* health);
 void tenantfs_store_flush_begins(const void* health);
 void tenantfs_store_background_io(const void* health, uint64_t bytes, uint64_t elapsed_us);
 void tenantfs_health_release(const void* health);
+// A store's file ids (an Arc<FileIds> the blob cache below holds one count of): writes the
+// 28-byte key of blob file `number`'s bytes at `offset` into `out`; 0 if the file's id is known.
+int tenantfs_blob_cache_key(const void* ids, uint64_t number, uint64_t offset, char* out);
+void tenantfs_file_ids_release(const void* ids);
 }
 
 namespace {
@@ -124,7 +134,7 @@ class TenantEncryptionProvider final : public EncryptionProvider {
 
   Status CreateNewPrefix(const std::string& fname, char* prefix,
                          size_t len) const override {
-    if (tenantfs_prefix_create(key_, prefix, len) != 0) {
+    if (tenantfs_prefix_create(key_, fname.data(), fname.size(), prefix, len) != 0) {
       return Status::IOError("tenantfs: cannot create file key header", fname);
     }
     return Status::OK();
@@ -138,7 +148,8 @@ class TenantEncryptionProvider final : public EncryptionProvider {
       const std::string& fname, const EnvOptions&, Slice& prefix,
       std::unique_ptr<BlockAccessCipherStream>* result) override {
     void* cipher = nullptr;
-    int rc = tenantfs_stream_open(key_, prefix.data(), prefix.size(), &cipher);
+    int rc = tenantfs_stream_open(key_, fname.data(), fname.size(), prefix.data(),
+                                  prefix.size(), &cipher);
     if (rc != 0 || cipher == nullptr) {
       return Status::Corruption(
           "tenantfs: file key header does not open under this tenant's key "
@@ -244,9 +255,142 @@ class CountingCache final : public CacheWrapper {
   }
 
   const CacheCounters& counters() const { return *counters_; }
+  const std::shared_ptr<MemoryAllocator>& allocator() const { return memory_allocator_; }
 
  private:
   std::shared_ptr<CacheCounters> counters_;
+};
+
+uint64_t ReverseBits(uint64_t v) {
+  uint64_t r = 0;
+  for (int i = 0; i < 64; i++, v >>= 1) {
+    r = (r << 1) | (v & 1);
+  }
+  return r;
+}
+
+// A RocksDB cache key as its two words.
+struct KeyWords {
+  uint64_t a;
+  uint64_t b;
+  bool operator==(const KeyWords&) const = default;
+};
+
+KeyWords WordsOf(const Slice& key) {
+  KeyWords w;
+  std::memcpy(&w.a, key.data(), 8);
+  std::memcpy(&w.b, key.data() + 8, 8);
+  return w;
+}
+
+// One store's blob cache: the host cache (the CountingCache above) under keys that name a blob
+// file by its id (src/store/file_ids.rs). RocksDB keys a blob value by (db id, the opening
+// session's id, file number, offset), so the same file read by two stores, or by one store
+// before and after a reopen, was cached twice. RocksDB makes that key as two words
+// (cache/cache_key.cc): a = f(session) ^ ReverseBits(g(db id, session) ^ file number) and
+// b = h(session) ^ offset, so within one session a key is (a0 ^ ReverseBits(number), b0 ^
+// offset), where (a0, b0) is file 0's key at offset 0. `Start` takes (a0, b0) from RocksDB's
+// own function once the session is known and checks that shape on sample keys; from then on
+// each key is turned back into (number, offset) and, if the file's id is known, replaced by
+// the file's key. Any other key (before `Start`, a file whose header this store has not opened
+// yet, a shape that did not check out) passes unchanged: cached for this session alone.
+class BlobCacheKeys final : public CacheWrapper {
+ public:
+  static constexpr size_t kKeyLength = 28;
+
+  BlobCacheKeys(std::shared_ptr<Cache> target,
+                std::shared_ptr<MemoryAllocator> allocator, const void* ids)
+      : CacheWrapper(std::move(target)), ids_(ids) {
+    // Blob reads allocate their buffers through `memory_allocator()`.
+    memory_allocator_ = std::move(allocator);
+  }
+  ~BlobCacheKeys() override { tenantfs_file_ids_release(ids_); }
+  BlobCacheKeys(const BlobCacheKeys&) = delete;
+  BlobCacheKeys& operator=(const BlobCacheKeys&) = delete;
+
+  const char* Name() const override { return "TenantfsBlobCacheKeys"; }
+
+  // The store's session is `session` of DB `db_id`: keys are turned into file keys from now
+  // on. False (and keys stay the session's) if RocksDB's keys are not of the shape above.
+  bool Start(const std::string& db_id, const std::string& session) {
+    auto key = [&](uint64_t number, uint64_t offset) {
+      using ROCKSDB_NAMESPACE::OffsetableCacheKey;
+      return WordsOf(OffsetableCacheKey(db_id, session, number).WithOffset(offset).AsSlice());
+    };
+    const KeyWords base = key(0, 0);
+    // RocksDB swaps a key's words for the one file number whose first word would be 0: that
+    // file number must be far beyond any a store reaches (it is random: it is, but for odds of
+    // 2^-16), and 0 must not be it.
+    if (base.b == 0 || ReverseBits(base.a) < (uint64_t{1} << 48)) {
+      return false;
+    }
+    for (uint64_t number : {uint64_t{1}, uint64_t{2}, uint64_t{4097}, uint64_t{1} << 40}) {
+      for (uint64_t offset : {uint64_t{0}, uint64_t{33}, uint64_t{1} << 30}) {
+        if (!(key(number, offset) == KeyWords{base.a ^ ReverseBits(number), base.b ^ offset})) {
+          return false;
+        }
+      }
+    }
+    base_a_ = base.a;
+    base_b_ = base.b;
+    started_.store(true, std::memory_order_release);
+    return true;
+  }
+
+  Status Insert(const Slice& key, ObjectPtr value, const CacheItemHelper* helper,
+                size_t charge, Handle** handle = nullptr,
+                Priority priority = Priority::LOW,
+                const Slice& compressed_value = Slice(),
+                ROCKSDB_NAMESPACE::CompressionType type =
+                    ROCKSDB_NAMESPACE::CompressionType::kNoCompression) override {
+    char buf[kKeyLength];
+    return target_->Insert(FileKey(key, buf), value, helper, charge, handle, priority,
+                           compressed_value, type);
+  }
+
+  Handle* Lookup(const Slice& key, const CacheItemHelper* helper,
+                 CreateContext* create_context,
+                 Priority priority = Priority::LOW,
+                 ROCKSDB_NAMESPACE::Statistics* stats = nullptr) override {
+    char buf[kKeyLength];
+    return target_->Lookup(FileKey(key, buf), helper, create_context, priority, stats);
+  }
+
+  // The default defers to Lookup above (CacheWrapper's would pass the key unchanged).
+  void StartAsyncLookup(AsyncLookupHandle& async_handle) override {
+    Cache::StartAsyncLookup(async_handle);
+  }
+
+  void Erase(const Slice& key) override {
+    char buf[kKeyLength];
+    target_->Erase(FileKey(key, buf));
+  }
+
+  // For the test of the key shape: the key the cache is asked for in place of `key`.
+  std::string KeyFor(const Slice& key) const {
+    char buf[kKeyLength];
+    return FileKey(key, buf).ToString();
+  }
+
+ private:
+  // The file key of `key` (written into `buf`), or `key` itself.
+  Slice FileKey(const Slice& key, char* buf) const {
+    if (key.size() != 16 || !started_.load(std::memory_order_acquire)) {
+      return key;
+    }
+    const KeyWords w = WordsOf(key);
+    const uint64_t number = ReverseBits(w.a ^ base_a_);
+    const uint64_t offset = w.b ^ base_b_;
+    if (tenantfs_blob_cache_key(ids_, number, offset, buf) != 0) {
+      return key;
+    }
+    return Slice(buf, kKeyLength);
+  }
+
+  const void* ids_;
+  std::atomic<bool> started_{false};
+  uint64_t base_a_ = 0;
+  uint64_t base_b_ = 0;
 };
 
 // Raw entries for benchmarks and tests of the cache itself (RocksDB's own blocks are inserted
@@ -532,6 +676,62 @@ int tenantfs_db_delete_orphan_blob_files(rocksdb_t* db, uint64_t* bytes, char** 
     return -1;
   }
   return deleted;
+}
+
+// `cache` as a BlobCacheKeys, with the DB id and session of `db` (null if it is not one, or
+// the DB does not say them).
+static BlobCacheKeys* BlobCacheKeysOf(const rocksdb_cache_t* cache, rocksdb_t* db,
+                                      std::string* id, std::string* session) {
+  auto* keys = dynamic_cast<BlobCacheKeys*>(cache->rep.get());
+  if (keys == nullptr || !db->rep->GetDbIdentity(*id).ok() ||
+      !db->rep->GetDbSessionId(*session).ok()) {
+    return nullptr;
+  }
+  return keys;
+}
+
+// A store's blob cache over `host` (a cache tenantfs_lru_cache_new made), keyed by the files'
+// ids in `ids`: takes that count of `ids` (released when RocksDB drops the cache), or returns
+// null (the count stays the caller's) if `host` is not such a cache. Free the handle with
+// rocksdb_cache_destroy once the store's options hold it.
+rocksdb_cache_t* tenantfs_blob_cache_new(const rocksdb_cache_t* host, const void* ids) {
+  auto* counting = dynamic_cast<CountingCache*>(host->rep.get());
+  if (counting == nullptr) {
+    return nullptr;
+  }
+  return new rocksdb_cache_t{
+      std::make_shared<BlobCacheKeys>(host->rep, counting->allocator(), ids)};
+}
+
+// Starts `cache`'s file keys for the session of `db` (opened with it as its blob cache): 1 if
+// they are, 0 if RocksDB's keys are not of the shape BlobCacheKeys knows (values are then
+// cached for this session alone).
+int tenantfs_blob_cache_start(const rocksdb_cache_t* cache, rocksdb_t* db) {
+  std::string id;
+  std::string session;
+  auto* keys = BlobCacheKeysOf(cache, db, &id, &session);
+  if (keys == nullptr) {
+    return 0;
+  }
+  return keys->Start(id, session) ? 1 : 0;
+}
+
+// For the test of the key shape: writes into `out` (28 bytes) the key `cache` asks the host
+// cache for in place of RocksDB's key of blob file `number` at `offset` in `db`'s session;
+// returns its length (16: unchanged, RocksDB's own key).
+size_t tenantfs_blob_cache_key_for(const rocksdb_cache_t* cache, rocksdb_t* db,
+                                   uint64_t number, uint64_t offset, char* out) {
+  std::string id;
+  std::string session;
+  auto* keys = BlobCacheKeysOf(cache, db, &id, &session);
+  if (keys == nullptr) {
+    return 0;
+  }
+  using ROCKSDB_NAMESPACE::OffsetableCacheKey;
+  const auto rocks = OffsetableCacheKey(id, session, number).WithOffset(offset);
+  const std::string key = keys->KeyFor(rocks.AsSlice());
+  std::memcpy(out, key.data(), std::min(key.size(), size_t{BlobCacheKeys::kKeyLength}));
+  return key.size();
 }
 
 // Used by the layout test: whether the cache's blocks are allocated by the slab allocator.

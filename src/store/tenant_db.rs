@@ -14,6 +14,8 @@ use super::activity::{FirstPut, WriteActivity};
 use super::extent_io::EnvPtr;
 use super::extent_span::ExtentSpan;
 use super::extents::{ExtentFileStats, ExtentFiles};
+use super::ffi::BlobCacheKeys;
+use super::file_ids::FileIds;
 use super::health::{StoreHealth, StoreState};
 use super::host::StoreHost;
 use super::StoreError;
@@ -95,6 +97,10 @@ pub struct TenantDb {
     activity: WriteActivity,
     /// Bulk data beside the store (declared before `env`: it is dropped first).
     extents: Arc<ExtentFiles>,
+    /// The store's blob cache under file keys (none for plaintext benchmarks); the store's
+    /// options hold a count of their own, this one is for tests.
+    #[cfg_attr(not(test), allow(dead_code))]
+    blob_keys: Option<BlobCacheKeys>,
     /// The encrypted Env the store and its extent files use (none for plaintext benchmarks).
     _env: Option<rocksdb::Env>,
 }
@@ -153,22 +159,28 @@ impl TenantDb {
             .use_direct_io(path)
             .map_err(|source| StoreError::io(tenant, path, source))?;
         let mut opts = host.options(direct_io);
-        let (env, key) = match encryption {
+        // Blob and extent files are cached under their ids (`file_ids`), which only encrypted
+        // files have: a store of plaintext caches them under keys of its own.
+        let ids = Arc::new(FileIds::default());
+        let (env, key, blob_keys) = match encryption {
             Encryption::Tenant(key) => {
                 let extents_key = Arc::clone(&key);
-                let env = super::ffi::encrypted_env(key).ok_or_else(|| StoreError::Env {
-                    tenant: tenant.to_owned(),
+                let env = super::ffi::encrypted_env(key, Arc::clone(&ids)).ok_or_else(|| {
+                    StoreError::Env {
+                        tenant: tenant.to_owned(),
+                    }
                 })?;
                 opts.set_env(&env);
-                (Some(env), Some(extents_key))
+                let blob_keys = BlobCacheKeys::new(host.block_cache().lru(), &ids);
+                (Some(env), Some(extents_key), blob_keys)
             }
-            Encryption::PlaintextForBenchmarks => (None, None),
+            Encryption::PlaintextForBenchmarks => (None, None, None),
         };
         let extents = Arc::new(ExtentFiles::open(
             tenant,
             path.join("extents"),
             EnvPtr::of(env.as_ref()),
-            key,
+            key.map(|k| (k, ids)),
             direct_io,
             host.block_cache().clone(),
         )?);
@@ -186,13 +198,21 @@ impl TenantDb {
         opts.create_missing_column_families(mode == OpenMode::Create);
         let families = Family::ALL.iter().map(|f| {
             let family_opts = match f {
-                Family::Extents => host.extents_options(opts.clone()),
+                Family::Extents => host.extents_options(opts.clone(), blob_keys.as_ref()),
                 _ => opts.clone(),
             };
             ColumnFamilyDescriptor::new(f.name(), family_opts)
         });
         let db = DB::open_cf_descriptors(&opts, path, families).map_err(err)?;
         tracing::debug!(tenant, direct_io, path = %path.display(), "opened tenant store");
+        if blob_keys.as_ref().is_some_and(|k| !k.start(&db)) {
+            tracing::warn!(
+                tenant,
+                "RocksDB's blob cache keys are not of the shape tenantfs knows (a RocksDB \
+                 upgrade?): this store's blob values are cached for it alone, not shared \
+                 with its forks"
+            );
+        }
         // A flush or compaction killed mid-way leaves a blob file nothing references.
         match super::ffi::delete_orphan_blob_files(&db) {
             Ok((0, _)) => {}
@@ -213,6 +233,7 @@ impl TenantDb {
             unlogged: AtomicBool::new(false),
             activity: WriteActivity::new(),
             extents,
+            blob_keys,
             _env: env,
         })
     }
@@ -751,5 +772,65 @@ impl Batch<'_> {
 
     pub fn is_empty(&self) -> bool {
         self.inner.is_empty()
+    }
+}
+
+#[cfg(test)]
+impl TenantDb {
+    /// The key the host cache is asked for in place of RocksDB's key of blob file `number` at
+    /// `offset` in this store's session (see `ffi::BlobCacheKeys`).
+    fn blob_cache_key_for(&self, number: u64, offset: u64) -> Vec<u8> {
+        let keys = self.blob_keys.as_ref().expect("an encrypted store");
+        keys.key_for(&self.db, number, offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A blob value's cache key names its file by the id in the file's header once the
+    /// store's Env has opened or written it (RocksDB's key of the session before that), in
+    /// every session of the store: RocksDB's keys have the shape `BlobCacheKeys` turns back
+    /// into a file number and offset.
+    #[test]
+    fn blob_values_are_cached_under_their_files_id_in_every_session() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let host = StoreHost::builder().block_cache_bytes(8 << 20).build();
+        let Encryption::Tenant(ring) =
+            Encryption::of_key(crate::crypto::TenantKey::generate().unwrap())
+        else {
+            unreachable!()
+        };
+        let path = dir.path().join("db");
+        let open = |mode| TenantDb::open(&host, "t", &path, Encryption::Tenant(ring.clone()), mode);
+        let db = open(OpenMode::Create).unwrap();
+        assert_eq!(db.blob_cache_key_for(7, 4096).len(), 16, "no blob file yet");
+        db.put(Family::Extents, b"k", &[5u8; 4096]).unwrap();
+        db.flush().unwrap();
+        let blob = std::fs::read_dir(&path)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|x| x == "blob"))
+            .expect("a blob file");
+        let number: u64 = blob.file_stem().unwrap().to_str().unwrap().parse().unwrap();
+        let header = std::fs::read(&blob).unwrap();
+        let id = super::super::file_key::file_id(&header[..super::super::FILE_HEADER_LEN]);
+        let id = id.unwrap();
+        let check = |db: &TenantDb| {
+            assert_eq!(db.get(Family::Extents, b"k").unwrap().unwrap(), [5u8; 4096]);
+            for offset in [0, 4096, 1 << 33] {
+                let k = db.blob_cache_key_for(number, offset);
+                assert_eq!(k.len(), 28);
+                assert_eq!(&k[..4], b"tfb\0");
+                assert_eq!(&k[4..20], &id);
+                assert_eq!(&k[20..], &offset.to_be_bytes());
+            }
+            assert_eq!(db.blob_cache_key_for(number + 1, 0).len(), 16);
+        };
+        check(&db);
+        drop(db);
+        // Reopened (a new session): the file's id is learned once its reader opens it.
+        check(&open(OpenMode::Existing).unwrap());
     }
 }

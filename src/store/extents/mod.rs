@@ -14,8 +14,9 @@
 //! Files are `extents/<number>.ext` in the store's directory, appended up to [`ROLL_BYTES`];
 //! an overwritten or deleted span leaves garbage in its file, and a file no reference names is
 //! deleted by [`ExtentFiles::collect`], which the owner calls with the live bytes per file.
-//! Reads go through the host cache (keys of this store, file and offset), missed spans of one
-//! file that lie end to end are read in one I/O. A span carries a checksum per 4 KiB piece
+//! Reads go through the host cache (keys of the file's id and offset: `file_ids`, so forks
+//! that share a file share its cached pieces), missed spans of one file that lie end to end
+//! are read in one I/O. A span carries a checksum per 4 KiB piece
 //! ([`SpanCheck::Pieces`]), so a read of part of it (a random 4 KiB read of a 64 KiB chunk)
 //! reads, checks and caches only the pieces it covers: a fifth of the latency of reading the
 //! whole chunk went to reading, decrypting and checksumming the 60 KiB nobody asked for.
@@ -31,6 +32,7 @@ mod collection;
 use super::extent_io::{AlignedBuf, Appender, EnvPtr, Reader, ALIGN};
 use super::extent_span::{checksum, SpanCheck, MAX_PIECES, PIECE};
 use super::extent_span::{ExtentSpan, SpanPart};
+use super::file_ids::{self, CachedFile, FileId, FileIds};
 use super::ring_read::RingRead;
 use super::StoreError;
 use crate::cache::RocksBlockCache;
@@ -77,10 +79,14 @@ pub struct ExtentFiles {
     env: EnvPtr,
     /// What the files' headers open under (None: a plaintext store).
     key: Option<Arc<Keyring>>,
+    /// The ids of the files whose headers the store's Env wrote or opened, or a reader here
+    /// did (None: a plaintext store, whose files have no header).
+    ids: Option<Arc<FileIds>>,
     direct: bool,
     cache: RocksBlockCache,
-    /// Unique among the stores of this process: the first part of this store's cache keys
-    /// (the same store opened again in this process goes on with its own: [`Self::go_on_from`]).
+    /// Of a plaintext store: unique among the stores of this process, the first part of its
+    /// files' ids (the same store opened again in this process goes on with its own:
+    /// [`Self::go_on_from`]).
     cache_id: AtomicU64,
     next_number: AtomicU64,
     open: Mutex<Option<Open>>,
@@ -133,10 +139,11 @@ impl ExtentFiles {
         tenant: &str,
         dir: PathBuf,
         env: EnvPtr,
-        key: Option<Arc<Keyring>>,
+        key: Option<(Arc<Keyring>, Arc<FileIds>)>,
         direct: bool,
         cache: RocksBlockCache,
     ) -> Result<Self, StoreError> {
+        let (key, ids) = key.unzip();
         // (The directory is made by the first append: a store that never takes a bulk write,
         // or opens on a full disk, spends no block on it.)
         let files = list(tenant, &dir)?;
@@ -146,6 +153,7 @@ impl ExtentFiles {
             dir,
             env,
             key,
+            ids,
             direct,
             cache,
             cache_id: AtomicU64::new(NEXT_CACHE_ID.fetch_add(1, Ordering::Relaxed)),
@@ -388,9 +396,9 @@ impl ExtentFiles {
     }
 
     /// What the same store, opened again later in this process, goes on from so that the
-    /// pieces cached for this one are its own: the cache keys' first part, and the next file
-    /// number (a number is never given twice: a file deleted and its number given again would
-    /// find the old file's pieces under its keys).
+    /// pieces a plaintext store cached are its own: its files' ids' first part, and the next
+    /// file number (a number is never given twice: a file deleted and its number given again
+    /// would find the old file's pieces under its keys).
     pub fn lineage(&self) -> ExtentLineage {
         ExtentLineage {
             cache_id: self.cache_id.load(Ordering::Relaxed),
@@ -407,14 +415,30 @@ impl ExtentFiles {
             .fetch_max(lineage.next_number, Ordering::Relaxed);
     }
 
-    fn cache_key(&self, file: u64, offset: u64) -> [u8; 28] {
-        // 28 bytes: RocksDB's own cache keys are 16 bytes long, so none can be equal.
-        let mut k = [0u8; 28];
-        k[..4].copy_from_slice(b"tfx\0");
-        k[4..12].copy_from_slice(&self.cache_id.load(Ordering::Relaxed).to_be_bytes());
-        k[12..20].copy_from_slice(&file.to_be_bytes());
-        k[20..].copy_from_slice(&offset.to_be_bytes());
-        k
+    /// File `number`'s id if it is known without a disk read: the store's Env wrote or
+    /// opened its header, or a reader here did (a plaintext store's: its own).
+    fn known_id(&self, number: u64) -> Option<FileId> {
+        let Some(ids) = &self.ids else {
+            let mut id = [0u8; 16];
+            id[..8].copy_from_slice(&self.cache_id.load(Ordering::Relaxed).to_be_bytes());
+            id[8..].copy_from_slice(&number.to_be_bytes());
+            return Some(id);
+        };
+        ids.get(CachedFile::Extent, number)
+    }
+
+    /// File `number`'s id: opens its reader (a read of its header) if it is not known yet.
+    fn file_id(&self, number: u64) -> Result<FileId, StoreError> {
+        if let Some(id) = self.known_id(number) {
+            return Ok(id);
+        }
+        self.reader(number)?;
+        self.known_id(number)
+            .ok_or_else(|| self.corrupt(number, "its header names no file id".into()))
+    }
+
+    fn cache_key(id: &FileId, offset: u64) -> [u8; 28] {
+        file_ids::cache_key(CachedFile::Extent, id, offset)
     }
 
     /// Calls `f(at, bytes)` with the bytes of `part` from a disk read the ring made for the
@@ -422,8 +446,11 @@ impl ExtentFiles {
     /// one did.
     fn take_made_read(&self, part: &SpanPart, f: impl FnOnce(u32, &[u8])) -> bool {
         let s = part.span;
+        let Some(id) = self.known_id(s.file) else {
+            return false; // nothing read yet from that file by this store
+        };
         let (lo, hi) = s.cover(part.lo, part.hi);
-        let key = |at: u32| self.cache_key(s.file, s.offset + u64::from(at));
+        let key = |at: u32| Self::cache_key(&id, s.offset + u64::from(at));
         RingRead::made_bytes(&s, lo, hi, key, f).is_some()
     }
 
@@ -454,6 +481,7 @@ impl ExtentFiles {
         let reader = self
             .open_reader(number)
             .ok_or_else(|| self.error("read", number, "not open".into()))?;
+        let id = self.file_id(number)?;
         let len = (end - start) as usize;
         let buf = AlignedBuf::new(len);
         let at = reader
@@ -464,7 +492,7 @@ impl ExtentFiles {
             .map(|&(i, lo, hi)| {
                 let s = parts[i].span;
                 let from = (s.offset + u64::from(lo) - start) as usize;
-                let key = self.cache_key(s.file, s.offset + u64::from(lo));
+                let key = Self::cache_key(&id, s.offset + u64::from(lo));
                 (key, s, lo, from..from + (hi - lo) as usize)
             })
             .collect();
@@ -488,6 +516,9 @@ impl ExtentFiles {
         // read-ahead thread, which runs below requests. Two opened at once: the first kept.
         let r = Reader::open(self.key.as_deref(), &self.path(number), self.direct)
             .map_err(|d| self.error("read", number, d))?;
+        if let (Some(ids), Some(id)) = (&self.ids, r.file_id()) {
+            ids.note(CachedFile::Extent, number, id);
+        }
         Ok(Arc::clone(readers().entry(number).or_insert(Arc::new(r))))
     }
 
@@ -547,7 +578,8 @@ impl ExtentFiles {
             if defer && self.take_made_read(p, |at, bytes| f(i, at, bytes)) {
                 continue;
             }
-            let whole = self.cache_key(s.file, s.offset);
+            let id = self.file_id(s.file)?;
+            let whole = Self::cache_key(&id, s.offset);
             let hit = self.cache.with_raw(&whole, |bytes| {
                 (bytes.len() == s.len as usize).then(|| f(i, 0, bytes))
             });
@@ -557,7 +589,7 @@ impl ExtentFiles {
             let (mut lo, mut hi) = s.cover(p.lo, p.hi);
             if (lo, hi) != (0, s.len) {
                 // Pieces cached by an earlier read of this part.
-                let key = self.cache_key(s.file, s.offset + u64::from(lo));
+                let key = Self::cache_key(&id, s.offset + u64::from(lo));
                 let hit = self.cache.with_raw(&key, |bytes| {
                     (bytes.len() >= (hi - lo) as usize).then(|| f(i, lo, bytes))
                 });
@@ -667,8 +699,9 @@ impl ExtentFiles {
                     return Err(self.corrupt(s.file, detail));
                 }
                 if keep {
+                    let id = self.file_id(s.file)?;
                     self.cache
-                        .insert_raw(&self.cache_key(s.file, s.offset + u64::from(lo)), bytes);
+                        .insert_raw(&Self::cache_key(&id, s.offset + u64::from(lo)), bytes);
                 }
                 f(i, lo, bytes);
             }
@@ -684,9 +717,13 @@ impl ExtentFiles {
     /// be again (a fold's merged chunk), so that rewriting them costs their readers no disk
     /// read.
     pub(crate) fn keep_cached(&self, span: &ExtentSpan, bytes: &[u8]) {
-        if bytes.len() == span.len as usize {
+        // (The file was just written through the store's Env: its id is known.)
+        if let Some(id) = self
+            .known_id(span.file)
+            .filter(|_| bytes.len() == span.len as usize)
+        {
             self.cache
-                .insert_raw(&self.cache_key(span.file, span.offset), bytes);
+                .insert_raw(&Self::cache_key(&id, span.offset), bytes);
         }
     }
 
@@ -698,8 +735,9 @@ impl ExtentFiles {
     /// Drops the cached bytes of `span`, which no value names any more (a fold replaced it):
     /// they would otherwise stay until evicted, and push out bytes still read.
     pub(crate) fn forget_cached(&self, span: &ExtentSpan) {
-        self.cache
-            .erase_raw(&self.cache_key(span.file, span.offset));
+        if let Some(id) = self.known_id(span.file) {
+            self.cache.erase_raw(&Self::cache_key(&id, span.offset));
+        }
     }
 
     /// Whether the bytes of `span` are in the cache (whole).
@@ -709,7 +747,7 @@ impl ExtentFiles {
 
     /// How many bytes from `offset` of file `file` the cache holds under that offset.
     pub(crate) fn cached_len(&self, file: u64, offset: u64) -> Option<usize> {
-        let key = self.cache_key(file, offset);
+        let key = Self::cache_key(&self.known_id(file)?, offset);
         self.cache.with_raw(&key, |bytes| bytes.len())
     }
 
