@@ -103,6 +103,7 @@ bench: build
 	$(CARGO) run --release --example bench_fuse_request
 	$(CARGO) run --release --example bench_checkpoint
 	$(CARGO) run --release --example bench_fork_cache
+	$(CARGO) run --release --example bench_base_tenants
 
 # The library's unit tests and the cache concurrency tests under AddressSanitizer (nightly
 # Rust, -Zsanitizer=address; free slab slots are poisoned by the `asan` feature). RocksDB is

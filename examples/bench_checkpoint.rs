@@ -13,32 +13,12 @@
 //! (default 100 1024 4096)
 
 use std::os::unix::fs::MetadataExt;
-use std::path::Path;
 use std::time::Instant;
 
-use tenantfs::volume::{FileKind, Owner, Volume, ROOT_INO};
+mod common;
+use common::own_and_all;
 
-/// Bytes on disk of the files under `dir` that have one link (not shared), and of all.
-fn own_and_all(dir: &Path) -> (u64, u64) {
-    let (mut own, mut all) = (0, 0);
-    for e in std::fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        let m = e.metadata().unwrap();
-        if m.is_dir() {
-            let (o, a) = own_and_all(&e.path());
-            own += o;
-            all += a;
-            continue;
-        }
-        let bytes = m.blocks() * 512;
-        all += bytes;
-        if m.nlink() == 1 {
-            own += bytes;
-            eprintln!("  own: {} {} KiB", e.file_name().display(), bytes >> 10);
-        }
-    }
-    (own, all)
-}
+use tenantfs::volume::{FileKind, Owner, Volume, ROOT_INO};
 
 fn main() {
     let sizes: Vec<u64> = std::env::args()

@@ -77,7 +77,9 @@ fn run(cli: Cli) -> Result<()> {
             new,
             snapshot,
         }) => cli::snapshot::fork(&cli, source, new, snapshot.as_deref()),
-        Command::Tenant(TenantCommand::RotateKey { name }) => cli::snapshot::rotate_key(&cli, name),
+        Command::Tenant(TenantCommand::RotateKey { name, rewrite }) => {
+            cli::snapshot::rotate_key(&cli, name, *rewrite)
+        }
         Command::Snapshot(SnapshotCommand::Create { tenant, name }) => {
             cli::snapshot::create(&cli, tenant, name)
         }

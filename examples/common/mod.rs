@@ -160,3 +160,25 @@ pub fn median(mut v: Vec<f64>) -> f64 {
         n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
+
+/// Bytes on disk (`st_blocks`) of the files under `dir`: (those with one link: not shared
+/// with another directory, all of them).
+pub fn own_and_all(dir: &Path) -> (u64, u64) {
+    use std::os::unix::fs::MetadataExt;
+    let (mut own, mut all) = (0, 0);
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let m = e.metadata().unwrap();
+        if m.is_dir() {
+            let (o, a) = own_and_all(&e.path());
+            own += o;
+            all += a;
+            continue;
+        }
+        all += m.blocks() * 512;
+        if m.nlink() == 1 {
+            own += m.blocks() * 512;
+        }
+    }
+    (own, all)
+}

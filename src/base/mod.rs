@@ -86,6 +86,26 @@ pub enum BaseError {
          (or none: the image's size)"
     )]
     SmallerThanImage { base: String, image: u64, size: u64 },
+    #[error(
+        "the template of base {base} is being built by {by} (tenants of a base start as copies \
+         of it); try again once that is done"
+    )]
+    TemplateBusy { base: String, by: String },
+    #[error(
+        "the host's base store is in use by another tenantfs command (base import, delete, \
+         gc, verify, or a tenant or volume create --base: one at a time per data dir); try \
+         again once it is done"
+    )]
+    StoreBusy,
+    #[error(
+        "the template of base {base} ({path}) is damaged: {detail}; delete that directory (the \
+         next tenant from the base builds it again)"
+    )]
+    TemplateDamaged {
+        base: String,
+        path: PathBuf,
+        detail: String,
+    },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]

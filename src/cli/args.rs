@@ -234,7 +234,13 @@ pub enum TenantCommand {
     },
     /// Seal the files tenant NAME writes from now on under a new key (the files it holds keep
     /// theirs, which stay in its keyring). NAME may be mounted or attached.
-    RotateKey { name: String },
+    RotateKey {
+        name: String,
+        /// Then write every file it holds under an older key again, under the new one, and
+        /// report when none is left (its snapshots and forks keep their copies).
+        #[arg(long)]
+        rewrite: bool,
+    },
     /// Put tenant NAME (or block volume) back to one of its snapshots: its files become the
     /// snapshot's (which stays). Refused while it is mounted or attached.
     Restore {

@@ -2,6 +2,7 @@
 //! `tenant fork`, `tenant rotate-key`.
 
 use anyhow::{Context, Result};
+use tenantfs::control::replies::RewriteReply;
 use tenantfs::control::{ControlError, RefusalCode};
 use tenantfs::snapshots::{self, SnapshotInfo};
 use tenantfs::tenants;
@@ -143,22 +144,75 @@ pub fn fork(cli: &Cli, source: &str, new: &str, snapshot: Option<&str>) -> Resul
     Ok(())
 }
 
-/// `tenant rotate-key NAME`.
-pub fn rotate_key(cli: &Cli, name: &str) -> Result<()> {
-    let id = match through_server(cli, name, |p| p.rotate_key(name))? {
-        Some(reply) => reply.key_id,
+/// `tenant rotate-key NAME [--rewrite]`: through the process that serves the tenant if one
+/// does, else on its store opened here (for a rewrite) or on its record alone.
+pub fn rotate_key(cli: &Cli, name: &str, rewrite: bool) -> Result<()> {
+    let kept = || format!("tenant {name} keeps its key");
+    let (id, rewritten) = match through_server(cli, name, |p| p.rotate_key(name, rewrite))? {
+        Some(reply) if rewrite && reply.rewrite.is_none() => anyhow::bail!(
+            "tenant {name} moved to key {}, but the process that serves it (an older \
+             tenantfs) did not write its older files again; restart it with this tenantfs, \
+             or unmount the tenant, and run the command again",
+            reply.key_id
+        ),
+        Some(reply) => (reply.key_id, reply.rewrite),
+        None if rewrite => {
+            let config = cli.load_config()?;
+            let data = cli.open_data_dir()?;
+            let host = command_stores(&config);
+            let open = tenants::open_when_free(&data, &host, name).with_context(kept)?;
+            let vol = tenantfs::volume::Volume::open(open).with_context(kept)?;
+            let id = tenants::rotate_key(&data, vol.tenant()).with_context(kept)?;
+            let done = vol.rewrite_under_writing_key().with_context(|| {
+                format!(
+                    "tenant {name} moved to key {id}, but its older files were not all \
+                     written again under it; run the command again (it moves to one more key, \
+                     and rewrites what is left)"
+                )
+            })?;
+            let reply = RewriteReply {
+                moved_bytes: done.moved_bytes,
+                extent_files: done.extent_files,
+                left: done.left.iter().map(|p| p.display().to_string()).collect(),
+            };
+            (id.to_hex(), Some(reply))
+        }
         None => {
             let data = cli.open_data_dir()?;
-            tenants::rotate_key_closed(&data, name)
-                .with_context(|| format!("tenant {name} keeps its key"))?
-                .to_hex()
+            let id = tenants::rotate_key_closed(&data, name).with_context(kept)?;
+            (id.to_hex(), None)
         }
     };
     let (ids, _) = tenants::key_ids(&cli.data_dir, name)?;
     println!(
         "tenant {name}: the files it writes from now on are sealed under key {id}; its ring \
-         holds {} keys (older files keep theirs)",
-        ids.len()
+         holds {} keys{}",
+        ids.len(),
+        if rewritten.is_some() {
+            ""
+        } else {
+            " (older files keep theirs)"
+        }
+    );
+    let Some(r) = rewritten else {
+        return Ok(());
+    };
+    if !r.left.is_empty() {
+        anyhow::bail!(
+            "tenant {name}: {} of its files are still sealed under older keys ({}); run \
+             `tenantfs tenant rotate-key {name} --rewrite` again (it moves to one more key, \
+             and rewrites what is left)",
+            r.left.len(),
+            r.left.join(", ")
+        );
+    }
+    println!(
+        "tenant {name}: its older files were written again under key {id} ({} of bulk data \
+         moved, {} extent files let go, every table and blob file rewritten): none of its \
+         files is sealed under an older key now. Its ring keeps the older keys for its \
+         snapshots and forks, whose files still use them.",
+        ByteSize(r.moved_bytes),
+        r.extent_files
     );
     Ok(())
 }

@@ -68,8 +68,9 @@ pub fn create(
                 .create_tenant_with_quota(&data, &host, name, base, quota)
                 .with_context(|| format!("cannot create tenant {name} from base {base}"))?;
             println!(
-                "grafted base {base} into tenant {name} in {:.2} s (no data copied)",
-                started.elapsed().as_secs_f64()
+                "tenant {name} starts as a copy of base {base}'s tree in {:.1} ms (its files \
+                 shared, no data copied)",
+                started.elapsed().as_secs_f64() * 1e3
             );
             info
         }

@@ -198,10 +198,12 @@ impl Client {
         call!(self, req, Fork)
     }
 
-    /// Moves `tenant`, served here, to a new key.
-    pub fn rotate_key(&self, tenant: &str) -> Result<KeyReply, ControlError> {
+    /// Moves `tenant`, served here, to a new key; with `rewrite`, writes its files under
+    /// older keys again under the new one.
+    pub fn rotate_key(&self, tenant: &str, rewrite: bool) -> Result<KeyReply, ControlError> {
         let req = Request::RotateKey {
             tenant: tenant.to_owned(),
+            rewrite,
         };
         call!(self, req, Key)
     }
@@ -246,8 +248,13 @@ impl Client {
         let path = &self.path;
         let mut stream =
             UnixStream::connect(path).map_err(|source| ControlError::connect(path, source))?;
+        // A rewrite of a tenant's files takes as long as its data does: no limit.
+        let patience = match req {
+            Request::RotateKey { rewrite: true, .. } => None,
+            _ => Some(Duration::from_secs(60)),
+        };
         stream
-            .set_read_timeout(Some(Duration::from_secs(60)))
+            .set_read_timeout(patience)
             .map_err(|e| self.protocol(e.to_string()))?;
         let mut line = serde_json::to_string(req).map_err(|e| self.protocol(e.to_string()))?;
         line.push('\n');

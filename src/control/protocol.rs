@@ -81,8 +81,13 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         snapshot: Option<String>,
     },
-    /// Move `tenant`, which this process serves, to a new key for the files it writes.
-    RotateKey { tenant: String },
+    /// Move `tenant`, which this process serves, to a new key for the files it writes; with
+    /// `rewrite`, its files under older keys are then written again under it.
+    RotateKey {
+        tenant: String,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        rewrite: bool,
+    },
 }
 
 /// How a block volume is to be served.

@@ -131,6 +131,20 @@ pub struct KeyReply {
     pub tenant: String,
     /// The new key's id (hex), which headers of the files it writes from now on name.
     pub key_id: String,
+    /// What a rewrite did, if one was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<RewriteReply>,
+}
+
+/// A served tenant's files under older keys written again under its writing key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RewriteReply {
+    /// Bytes of bulk data moved out of extent files under older keys.
+    pub moved_bytes: u64,
+    /// Extent files the store let go of.
+    pub extent_files: u64,
+    /// Files of the store still sealed under an older key (none once the rewrite is done).
+    pub left: Vec<String>,
 }
 
 /// A tenant's quota and what its files take, after `set_quota`.

@@ -61,7 +61,9 @@ pub enum KeyError {
 /// The host's root key. Zeroized on drop; `Debug` never shows it.
 pub struct MasterKey(Zeroizing<[u8; KEY_LEN]>);
 
-/// One tenant's key: it wraps the per-file keys of that tenant's store.
+/// One tenant's key: it wraps the per-file keys of that tenant's store. A clone is zeroized
+/// on drop as the original is (a ring given to a new tenant copies its source's keys).
+#[derive(Clone)]
 pub struct TenantKey(Zeroizing<[u8; KEY_LEN]>);
 
 impl fmt::Debug for MasterKey {

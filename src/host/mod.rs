@@ -593,7 +593,9 @@ impl ServingHost {
                 new,
                 snapshot,
             } => Reply::Fork(self.fork(&source, &new, snapshot.as_deref())?),
-            Request::RotateKey { tenant } => Reply::Key(self.rotate_key(&tenant)?),
+            Request::RotateKey { tenant, rewrite } => {
+                Reply::Key(self.rotate_key(&tenant, rewrite)?)
+            }
         })
     }
 

@@ -3,7 +3,7 @@
 //! (`snapshots`, `forks` and `tenants` do the work).
 
 use super::ServingHost;
-use crate::control::replies::{ForkReply, KeyReply, SnapshotReply};
+use crate::control::replies::{ForkReply, KeyReply, RewriteReply, SnapshotReply};
 use crate::control::{Refusal, RefusalCode};
 
 impl ServingHost {
@@ -55,22 +55,45 @@ impl ServingHost {
         })
     }
 
-    /// Moves `tenant`, mounted or attached here, to a new key (see `Request::RotateKey`).
-    pub fn rotate_key(&self, tenant: &str) -> Result<KeyReply, Refusal> {
-        let id = self
-            .with_served(tenant, |v| {
-                crate::tenants::rotate_key(&self.data, v.tenant())
-            })?
-            .map_err(|e| {
-                Refusal::new(
-                    RefusalCode::SnapshotFailed,
-                    format!("tenant {tenant}: the key rotation failed: {e}"),
-                )
-            })?;
-        tracing::info!(tenant, key = %id, "tenant key rotated");
+    /// Moves `tenant`, mounted or attached here, to a new key, and with `rewrite` writes its
+    /// files under older keys again (see `Request::RotateKey`).
+    pub fn rotate_key(&self, tenant: &str, rewrite: bool) -> Result<KeyReply, Refusal> {
+        let failed = |what: &str, e: String| {
+            Refusal::new(
+                RefusalCode::SnapshotFailed,
+                format!("tenant {tenant}: {what} failed: {e}"),
+            )
+        };
+        let (id, rewritten) = self.with_served(tenant, |v| {
+            let id = crate::tenants::rotate_key(&self.data, v.tenant())
+                .map_err(|e| failed("the key rotation", e.to_string()))?;
+            tracing::info!(tenant, key = %id, "tenant key rotated");
+            let rewritten = match rewrite {
+                true => Some(
+                    v.rewrite_under_writing_key()
+                        .map_err(|e| failed("the rewrite under the new key", e.to_string()))?,
+                ),
+                false => None,
+            };
+            Ok::<_, Refusal>((id, rewritten))
+        })??;
+        let rewrite = rewritten.map(|r| {
+            tracing::info!(
+                tenant,
+                moved_bytes = r.moved_bytes,
+                left = r.left.len(),
+                "tenant files rewritten under its new key"
+            );
+            RewriteReply {
+                moved_bytes: r.moved_bytes,
+                extent_files: r.extent_files,
+                left: r.left.iter().map(|p| p.display().to_string()).collect(),
+            }
+        });
         Ok(KeyReply {
             tenant: tenant.to_owned(),
             key_id: id.to_hex(),
+            rewrite,
         })
     }
 }

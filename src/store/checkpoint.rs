@@ -137,8 +137,22 @@ fn copy_dir(from: &Path, to: &Path, top: bool) -> Result<(), (PathBuf, std::io::
             }
             continue;
         }
-        if immutable(&name, !top) {
-            std::fs::hard_link(&path, &dest).map_err(at(&dest))?;
+        let linked = match immutable(&name, !top) {
+            true => std::fs::hard_link(&path, &dest),
+            false => Err(std::io::ErrorKind::Unsupported.into()),
+        };
+        // A file at the filesystem's most links (65,000 on ext4: a base's template under as
+        // many tenants, snapshots and forks) is copied instead.
+        if linked
+            .as_ref()
+            .is_err_and(|e| e.raw_os_error() == Some(libc::EMLINK))
+        {
+            std::fs::copy(&path, &dest).map_err(at(&dest))?;
+            std::fs::File::open(&dest)
+                .and_then(|f| f.sync_all())
+                .map_err(at(&dest))?;
+        } else if immutable(&name, !top) {
+            linked.map_err(at(&dest))?;
         } else if !(name == "LOCK" || name.starts_with("LOG")) {
             std::fs::copy(&path, &dest).map_err(at(&dest))?;
             std::fs::File::open(&dest)

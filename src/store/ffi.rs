@@ -41,6 +41,7 @@ extern "C" {
         health: *const c_void,
     );
     fn tenantfs_db_resume(db: *mut sys::rocksdb_t) -> *mut c_char;
+    fn tenantfs_db_rewrite_identity(db: *mut sys::rocksdb_t) -> *mut c_char;
     fn tenantfs_blob_cache_new(
         host: *const sys::rocksdb_cache_t,
         ids: *const c_void,
@@ -172,7 +173,19 @@ pub(crate) fn add_health_listener(opts: &mut rocksdb::Options, health: Arc<Store
 /// `DB::Resume`: Ok when the store takes writes (at once if it never stopped).
 pub(crate) fn resume(db: &rocksdb::DB) -> Result<(), String> {
     // SAFETY: `db` is open for the call; Resume is thread-safe in RocksDB.
-    let err = unsafe { tenantfs_db_resume(db.as_raw_ptr()) };
+    owned_error(unsafe { tenantfs_db_resume(db.as_raw_ptr()) })
+}
+
+/// Writes the store's IDENTITY file again, under the ring's writing key (RocksDB writes it
+/// only when it creates the store).
+pub(crate) fn rewrite_identity(db: &rocksdb::DB) -> Result<(), String> {
+    // SAFETY: `db` is open for the call; the shim reads its id and writes one file through its
+    // Env, as RocksDB does at creation.
+    owned_error(unsafe { tenantfs_db_rewrite_identity(db.as_raw_ptr()) })
+}
+
+/// Ok for null, else the message of an error the shim allocated with strdup (freed here).
+fn owned_error(err: *mut c_char) -> Result<(), String> {
     if err.is_null() {
         return Ok(());
     }

@@ -52,6 +52,44 @@ pub fn file_opens_under(ring: &crate::crypto::Keyring, path: &Path) -> Result<()
         .map_err(|e| e.to_string())
 }
 
+/// The files of the store in `db` (its extent files too) sealed under a key other than
+/// `writing`, or under none a ring names (a header from before keyrings); files without a
+/// tenantfs header (RocksDB's lock and info logs) are not sealed and are passed over.
+pub fn files_under_other_keys(
+    db: &Path,
+    writing: crate::crypto::KeyId,
+) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for dir in [db.to_owned(), db.join("extents")] {
+        let entries = match std::fs::read_dir(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            entries => entries?,
+        };
+        for entry in entries {
+            let path = entry?.path();
+            if !path.is_file() {
+                continue;
+            }
+            let mut header = vec![0u8; FILE_HEADER_LEN];
+            let mut file = match std::fs::File::open(&path) {
+                // Deleted since the listing (an obsolete file, a collected one).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                opened => opened?,
+            };
+            if std::io::Read::read_exact(&mut file, &mut header).is_err() {
+                continue; // shorter than a header: not a sealed file
+            }
+            match file_key::key_id(&header) {
+                Ok(Some(id)) if id == writing => {}
+                Ok(_) => out.push(path),
+                Err(_) => {}
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// The id of the key a store file's header names (`None`: a header from before keyrings).
 pub fn file_key_id(path: &Path) -> Result<Option<crate::crypto::KeyId>, String> {
     let mut header = vec![0u8; FILE_HEADER_LEN];
@@ -126,7 +164,7 @@ impl StoreError {
     }
 
     /// An error RocksDB reported as `detail` (its Status string).
-    fn from_detail(tenant: &str, op: &'static str, detail: String) -> Self {
+    pub(crate) fn from_detail(tenant: &str, op: &'static str, detail: String) -> Self {
         let tenant = tenant.to_owned();
         if detail.contains("No space left on device") {
             StoreError::NoSpace { tenant, detail }

@@ -35,6 +35,7 @@
 #include "rocksdb/status.h"
 
 #include "cache/cache_key.h"  // RocksDB's own (not public): how blob cache keys are made
+#include "file/filename.h"     // RocksDB's own (not public): SetIdentityFile
 #include "pipelined_writes.h"
 
 using ROCKSDB_NAMESPACE::BackgroundErrorReason;
@@ -623,6 +624,21 @@ void tenantfs_options_add_health_listener(rocksdb_options_t* opts,
 // DB::Resume: NULL when the store takes writes, else the error (free it with free()).
 char* tenantfs_db_resume(rocksdb_t* db) {
   Status s = db->rep->Resume();
+  return s.ok() ? nullptr : strdup(s.ToString().c_str());
+}
+
+// Writes the store's IDENTITY file again, through its Env (so under the ring's writing key),
+// as RocksDB writes it at creation: a temporary file synced, renamed over it, the directory
+// synced. RocksDB never writes it again by itself. Returns the error (free it with free()).
+char* tenantfs_db_rewrite_identity(rocksdb_t* db) {
+  DB* d = db->rep;
+  std::string id;
+  Status s = d->GetDbIdentity(id);
+  if (s.ok()) {
+    s = ROCKSDB_NAMESPACE::SetIdentityFile(ROCKSDB_NAMESPACE::WriteOptions(), d->GetEnv(),
+                                           d->GetName(),
+                                           ROCKSDB_NAMESPACE::Temperature::kUnknown, id);
+  }
   return s.ok() ? nullptr : strdup(s.ToString().c_str());
 }
 

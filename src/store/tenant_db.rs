@@ -725,6 +725,30 @@ impl TenantDb {
         super::ffi::compact_with_blob_gc(&self.db, self.cf(Family::Extents));
     }
 
+    /// Writes every file RocksDB keeps of the store again (under the ring's writing key):
+    /// each family compacted fully, the extents family with every blob file collected, and
+    /// the IDENTITY file (written once, at creation, otherwise).
+    pub fn rewrite_files(&self) -> Result<(), StoreError> {
+        self.flush()?;
+        self.collect_blob_garbage();
+        let mut opts = rocksdb::CompactOptions::default();
+        opts.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+        for f in Family::ALL.into_iter().filter(|f| *f != Family::Extents) {
+            self.db
+                .compact_range_cf_opt(self.cf(f), None::<&[u8]>, None::<&[u8]>, &opts);
+        }
+        super::ffi::rewrite_identity(&self.db)
+            .map_err(|detail| StoreError::from_detail(&self.tenant, "rewrite", detail))?;
+        match self.state() {
+            StoreState::Writable => Ok(()),
+            _ => Err(StoreError::from_detail(
+                &self.tenant,
+                "rewrite",
+                "the store stopped taking writes during the rewrite".into(),
+            )),
+        }
+    }
+
     /// Compacts every family fully (rewrites every SST).
     pub fn compact(&self) -> Result<(), StoreError> {
         let mut opts = rocksdb::CompactOptions::default();

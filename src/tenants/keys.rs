@@ -71,6 +71,7 @@ fn add_key(data: &DataDir, name: &str) -> Result<(KeyId, TenantKey), TenantError
         r.keys.push(RecordKey {
             id: id.to_hex(),
             wrapped,
+            base: false,
         });
         r.writing_key = Some(id.to_hex());
     })?;
@@ -96,29 +97,16 @@ pub(crate) fn create_fork(
     create_staged(new, data, |staging| {
         stage_db(&staging.join(DB))?;
         fail::fail_point!("fork-staged");
-        let mut keys = Vec::new();
-        let mut wrap_error = None;
-        source.keys.for_each(
-            |id, key| match data.master_key().wrap_tenant_key(new, key) {
-                Ok(w) => keys.push(RecordKey {
-                    id: id.to_hex(),
-                    wrapped: hex::encode(w),
-                }),
-                Err(e) => wrap_error = Some(e),
-            },
-        );
-        if let Some(e) = wrap_error {
-            return Err(e.into());
-        }
-        let (own_id, own) = (KeyId::generate()?, TenantKey::generate()?);
-        keys.push(RecordKey {
-            id: own_id.to_hex(),
-            wrapped: hex::encode(data.master_key().wrap_tenant_key(new, &own)?),
-        });
-        rotate_key(data, source)?;
-        fail::fail_point!("fork-rotated");
         let name = &source.info.name;
         let from = read_record(&tenant_dir(data.root(), name)?, name)?;
+        let mut read = Vec::new();
+        source.keys.for_each(|id, key| {
+            let base = from.keys.iter().any(|k| k.base && k.id == id.to_hex());
+            read.push((id, key.clone(), base));
+        });
+        let (keys, own_id, _) = ring_for(data, new, &read)?;
+        rotate_key(data, source)?;
+        fail::fail_point!("fork-rotated");
         let like = NewTenant {
             block_size: None,
             base: from.base.as_deref(),
@@ -126,6 +114,65 @@ pub(crate) fn create_fork(
             quota: from.quota,
         };
         Ok(TenantRecord::new(new, from.block_size, keys, own_id, &like))
+    })
+}
+
+/// The record keys of new tenant `new`: `read` (id, key, whether its base's), the keys of
+/// the files it starts with, each wrapped again for it, and a key of its own that seals what
+/// it writes; and that key (id and key).
+fn ring_for(
+    data: &DataDir,
+    new: &str,
+    read: &[(KeyId, TenantKey, bool)],
+) -> Result<(Vec<RecordKey>, KeyId, TenantKey), TenantError> {
+    let wrap = |key: &TenantKey| -> Result<String, TenantError> {
+        Ok(hex::encode(data.master_key().wrap_tenant_key(new, key)?))
+    };
+    let mut keys = Vec::with_capacity(read.len() + 1);
+    for (id, key, base) in read {
+        keys.push(RecordKey {
+            id: id.to_hex(),
+            wrapped: wrap(key)?,
+            base: *base,
+        });
+    }
+    let (own_id, own) = (KeyId::generate()?, TenantKey::generate()?);
+    keys.push(RecordKey {
+        id: own_id.to_hex(),
+        wrapped: wrap(&own)?,
+        base: false,
+    });
+    Ok((keys, own_id, own))
+}
+
+/// Creates tenant `name` as `like` says (block size and all) from a store that `stage_db`
+/// writes into the directory it is given (a copy of a base's template: `base::template`),
+/// whose files are sealed under `base_key` (id and key), which its ring holds as its base's,
+/// beside a key of its own for what it writes. `stage_db` also gets that ring, to change the
+/// store before the tenant appears (a block volume's device made from the image).
+pub(crate) fn create_from_base_store<E: From<TenantError>>(
+    data: &DataDir,
+    name: &str,
+    like: &NewTenant,
+    base_key: (KeyId, &TenantKey),
+    stage_db: impl FnOnce(&Path, Arc<Keyring>) -> Result<(), E>,
+) -> Result<TenantInfo, E> {
+    let block_size = validate_block_size(like.block_size.unwrap_or(DEFAULT_BLOCK_SIZE as u64))?;
+    create_staged(name, data, |staging| {
+        let base = [(base_key.0, base_key.1.clone(), true)];
+        let (keys, own_id, own) = ring_for(data, name, &base)?;
+        let ring = Keyring::new(
+            vec![(base_key.0, base_key.1.clone()), (own_id, own)],
+            own_id,
+        )
+        .ok_or_else(|| TenantError::BadRecord {
+            name: name.to_owned(),
+            path: staging.join(RECORD),
+            detail: "its own key's id is its base's".into(),
+        })?;
+        // (A tenant made from a base store is its own from here: no source to rotate.)
+        stage_db(&staging.join(DB), Arc::new(ring))?;
+        Ok(TenantRecord::new(name, block_size, keys, own_id, like))
     })
 }
 
@@ -166,7 +213,7 @@ pub fn delete_shredded(data: &DataDir, name: &str) -> Result<Vec<String>, Tenant
     } {
         let bytes = fs::read(&path).map_err(io_err(&path))?;
         let keys = keyring(data, name, &dir, &record)?;
-        holders = holders_of(data, name, &keys)?;
+        holders = holders_of(data, name, &keys, &record)?;
         let mut file = fs::OpenOptions::new()
             .write(true)
             .open(&path)
@@ -180,10 +227,20 @@ pub fn delete_shredded(data: &DataDir, name: &str) -> Result<Vec<String>, Tenant
     Ok(holders)
 }
 
-/// The other tenants whose rings hold a key of `keys` (tenant `name`'s): its forks.
-fn holders_of(data: &DataDir, name: &str, keys: &Keyring) -> Result<Vec<String>, TenantError> {
+/// The other tenants whose rings hold a key of `keys` (tenant `name`'s, its `record`'s) that
+/// is not its base's (every tenant of the base holds that one): its forks.
+fn holders_of(
+    data: &DataDir,
+    name: &str,
+    keys: &Keyring,
+    record: &TenantRecord,
+) -> Result<Vec<String>, TenantError> {
     let mut mine = zeroize::Zeroizing::new(Vec::new());
-    keys.for_each(|_, key| mine.push(*key.bytes()));
+    keys.for_each(|id, key| {
+        if !record.keys.iter().any(|k| k.base && k.id == id.to_hex()) {
+            mine.push(*key.bytes());
+        }
+    });
     let mut holders = Vec::new();
     for other in list(data.root())? {
         if other.name == name {

@@ -41,8 +41,8 @@ use crate::tenant_lock::{self, LockError};
 mod keys;
 mod restore;
 
-pub(crate) use keys::create_fork;
 use keys::keyring;
+pub(crate) use keys::{create_fork, create_from_base_store};
 pub use keys::{delete_shredded, key_ids, rotate_key, rotate_key_closed};
 use restore::finish_restore;
 pub(crate) use restore::replace_store;
@@ -55,9 +55,10 @@ const RESTORING_DB: &str = "db.restoring";
 const REPLACED_DB: &str = "db.replaced";
 /// The record a restore brings, until it is in place.
 const RESTORING_RECORD: &str = "tenant.json.restoring";
-/// The record's layout: 2 holds a ring of keys (`keys`, `writing_key`). A record of 1 (one
-/// key, `wrapped_key`) is read as a ring of that key and written as 2 when it next changes.
-const FORMAT_VERSION: u32 = 2;
+/// The record's layout: 2 holds a ring of keys (`keys`, `writing_key`); 3 also marks a key as
+/// its base's (`RecordKey::base`), and is written only then. A record of 1 (one key,
+/// `wrapped_key`) is read as a ring of that key and written as 2 when it next changes.
+const FORMAT_VERSION: u32 = 3;
 /// Block size of a new volume when none is given.
 pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
 
@@ -180,6 +181,10 @@ struct RecordKey {
     id: String,
     /// The key sealed under the master key, bound to the tenant's name (hex).
     wrapped: String,
+    /// The key of its base's template (format 3), whose files every tenant of the base shares:
+    /// the base's, not the tenant's own (a shred does not count tenants that hold it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    base: bool,
 }
 
 impl TenantRecord {
@@ -207,6 +212,15 @@ impl TenantRecord {
             device_size: new.device_size,
             quota: new.quota,
         }
+    }
+
+    /// The oldest format that holds the record: 3 only if a key is marked as its base's, so
+    /// that a tenantfs of format 2 still reads every other record.
+    fn settle_version(&mut self) {
+        self.format_version = match self.keys.iter().any(|k| k.base) {
+            true => 3,
+            false => 2,
+        };
     }
 
     fn info(self, disk_bytes: u64) -> TenantInfo {
@@ -268,6 +282,22 @@ pub struct Tenant {
 }
 
 impl Tenant {
+    /// A store no tenant record describes, held under `lock`, as tenant `info` (a base's
+    /// template while it is built: `base::template`).
+    pub(crate) fn unlisted(
+        info: TenantInfo,
+        db: TenantDb,
+        keys: Arc<Keyring>,
+        lock: TenantLock,
+    ) -> Self {
+        Self {
+            info,
+            db,
+            lock,
+            keys,
+        }
+    }
+
     pub fn info(&self) -> &TenantInfo {
         &self.info
     }
@@ -316,6 +346,7 @@ pub fn create_as(
         let keys = vec![RecordKey {
             id: id.to_hex(),
             wrapped: hex::encode(data.master_key().wrap_tenant_key(name, &key)?),
+            base: false,
         }];
         drop(TenantDb::open(
             host,
@@ -331,16 +362,16 @@ pub fn create_as(
 /// Makes tenant `name` appear whole: `build` fills a hidden staging directory (its store) and
 /// returns the record, which is written there before the directory is renamed into place; a
 /// failure removes the staging directory.
-fn create_staged(
+fn create_staged<E: From<TenantError>>(
     name: &str,
     data: &DataDir,
-    build: impl FnOnce(&Path) -> Result<TenantRecord, TenantError>,
-) -> Result<TenantInfo, TenantError> {
+    build: impl FnOnce(&Path) -> Result<TenantRecord, E>,
+) -> Result<TenantInfo, E> {
     validate_name(name)?;
     let root = data.tenants_dir();
     let dir = root.join(name);
     if dir.exists() {
-        return Err(TenantError::Exists(name.to_owned()));
+        return Err(TenantError::Exists(name.to_owned()).into());
     }
     // (What a killed create left is not looked for here: that would read every tenant's
     // name. `delete --shred` removes it: a killed fork's holds its source's keys.)
@@ -351,7 +382,8 @@ fn create_staged(
         _ => io_err(&staging)(e),
     })?;
     let result = (|| {
-        let record = build(&staging)?;
+        let mut record = build(&staging)?;
+        record.settle_version();
         let json = serde_json::to_vec_pretty(&record).expect("record serialises");
         let record_path = staging.join(RECORD);
         write_atomic(&record_path, &json, 0o600).map_err(io_err(&record_path))?;
@@ -403,11 +435,14 @@ fn read_record(dir: &Path, name: &str) -> Result<TenantRecord, TenantError> {
             record.keys = vec![RecordKey {
                 id: KeyId::FIRST.to_hex(),
                 wrapped,
+                base: false,
             }];
             record.writing_key = Some(KeyId::FIRST.to_hex());
-            record.format_version = FORMAT_VERSION;
+            record.format_version = 2;
         }
-        (false, None, false) => {}
+        // A key marked as its base's needs format 3.
+        (false, None, false)
+            if record.format_version >= 3 || !record.keys.iter().any(|k| k.base) => {}
         _ => {
             return Err(bad(format!(
                 "its keys do not fit format version {}",
@@ -610,6 +645,7 @@ fn rewrite_record_held(
     let dir = tenant_dir(root, name)?;
     let mut record = read_record(&dir, name)?;
     change(&mut record);
+    record.settle_version();
     let json = serde_json::to_vec_pretty(&record).expect("record serialises");
     let path = dir.join(RECORD);
     write_atomic(&path, &json, 0o600).map_err(io_err(&path))
@@ -744,13 +780,17 @@ mod tests {
         );
         let id = KeyId::generate().unwrap().to_hex();
         for bad in [
-            v1.replace("\"format_version\":1", "\"format_version\":3"),
+            v1.replace("\"format_version\":1", "\"format_version\":4"),
             v1.replace(
                 "}",
                 &format!(",\"keys\":[{{\"id\":\"{id}\",\"wrapped\":\"ab\"}}]}}"),
             ),
             format!(
                 r#"{{"format_version":2,"name":"old","block_size":4096,"created_unix":1,"keys":[{{"id":"{id}","wrapped":"ab"}}],"writing_key":"0000000000000001"}}"#
+            ),
+            // A key marked as the base's needs format 3.
+            format!(
+                r#"{{"format_version":2,"name":"old","block_size":4096,"created_unix":1,"keys":[{{"id":"{id}","wrapped":"ab","base":true}}],"writing_key":"{id}"}}"#
             ),
         ] {
             fs::write(dir.join(RECORD), &bad).unwrap();

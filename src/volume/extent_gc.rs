@@ -116,7 +116,7 @@ fn each_stored_chunk(
 }
 
 /// The bytes that chunk values name, per extent file.
-fn live_bytes(db: &TenantDb) -> Result<HashMap<u64, u64>, StoreError> {
+pub(super) fn live_bytes(db: &TenantDb) -> Result<HashMap<u64, u64>, StoreError> {
     let mut live: HashMap<u64, u64> = HashMap::new();
     each_stored_chunk(db, |_, _, span| {
         *live.entry(span.file).or_default() += u64::from(span.len);
@@ -125,7 +125,7 @@ fn live_bytes(db: &TenantDb) -> Result<HashMap<u64, u64>, StoreError> {
 }
 
 /// The chunks (inode, first block, span) in `files`, in file order (the order they are read).
-fn chunks_in(
+pub(super) fn chunks_in(
     db: &TenantDb,
     files: &HashSet<u64>,
 ) -> Result<Vec<(u64, u64, ExtentSpan)>, StoreError> {
@@ -142,7 +142,7 @@ fn chunks_in(
 /// Moves `chunks` to the open extent file, each only if its value still names the same span
 /// (a write, truncate or fold since the walk replaced it, and its old bytes are garbage
 /// already). Returns the bytes moved.
-fn move_chunks(
+pub(super) fn move_chunks(
     tenant: &Tenant,
     locks: &InodeLocks,
     chunks: &[(u64, u64, ExtentSpan)],

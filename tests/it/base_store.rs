@@ -345,3 +345,85 @@ fn a_tenant_whose_graft_was_interrupted_refuses_to_open() {
         .iter()
         .all(|i| i.name != "nope"));
 }
+
+/// Tenants from a base are copies of its template: built once, at the first tenant, and
+/// shared (each tenant's ring holds its key, marked as its base's, so a shred of one names no
+/// other tenant of the base as a holder). A damaged template record is refused by name and
+/// path; deleting it makes the next create build it again. A base deleted and imported again
+/// under its name gets a new template: its tenants hold the new tree.
+#[test]
+fn tenants_start_as_copies_of_one_template_built_once() {
+    use tenantfs::volume::{Volume, ROOT_INO};
+    let t = TestHost::new(DirectIo::Auto);
+    let (one, two) = (t.tmp.path().join("one"), t.tmp.path().join("two"));
+    tree(&one, 5, 3, 1);
+    tree(&two, 6, 5, 1);
+    let s = store(&t);
+    s.import("b", &one, BS, &mut no_progress).unwrap();
+    let template = t.root.join("base/templates/b");
+    assert!(
+        !template.exists(),
+        "built at the first tenant, not at the import"
+    );
+    s.create_tenant(&t.data, &t.host, "t1", "b").unwrap();
+    let record = std::fs::read(template.join("template.json")).unwrap();
+    s.create_tenant(&t.data, &t.host, "t2", "b").unwrap();
+    assert_eq!(
+        std::fs::read(template.join("template.json")).unwrap(),
+        record,
+        "the second tenant built the template again"
+    );
+    let names = |tenant: &str| -> Vec<Vec<u8>> {
+        let open = tenantfs::tenants::open(&t.data, &t.host, tenant).unwrap();
+        let mut names: Vec<_> = Volume::open(open)
+            .unwrap()
+            .readdir(ROOT_INO)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.name)
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        names("t1"),
+        [b"f0".to_vec(), b"f2".to_vec(), b"sub".to_vec()]
+    );
+    assert_eq!(names("t2"), names("t1"));
+    let holders = tenantfs::tenants::delete_shredded(&t.data, "t2").unwrap();
+    assert!(
+        holders.is_empty(),
+        "t1 holds only the base's key: {holders:?}"
+    );
+
+    std::fs::write(template.join("template.json"), b"{").unwrap();
+    let e = s.create_tenant(&t.data, &t.host, "t3", "b").unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("the template of base b") && text.contains("delete that directory"),
+        "{text}"
+    );
+    assert!(
+        tenantfs::tenants::info(&t.root, "t3").is_err(),
+        "a tenant was made"
+    );
+    std::fs::remove_dir_all(&template).unwrap();
+    s.create_tenant(&t.data, &t.host, "t3", "b").unwrap();
+    assert_eq!(names("t3"), names("t1"));
+
+    for name in ["t1", "t3"] {
+        tenantfs::tenants::delete(&t.data, name).unwrap();
+    }
+    s.delete("b").unwrap();
+    assert!(!template.exists(), "the template outlived its base");
+    s.import("b", &two, BS, &mut no_progress).unwrap();
+    s.create_tenant(&t.data, &t.host, "t4", "b").unwrap();
+    let want: Vec<Vec<u8>> = [
+        b"f0".to_vec(),
+        b"f2".to_vec(),
+        b"f4".to_vec(),
+        b"sub".to_vec(),
+    ]
+    .into();
+    assert_eq!(names("t4"), want);
+}

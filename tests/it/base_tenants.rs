@@ -48,6 +48,26 @@ fn tenants_from_one_base_share_it_and_keep_changes_private() {
     let out = h.ok(&["tenant", "create", "a", "--base", "os"]);
     assert!(out.contains("no data copied"), "{out}");
     h.ok(&["tenant", "create", "b", "--base", "os"]);
+    // Each starts as a copy of the base's template: its table files linked (the template
+    // and two tenants), a few KiB of its own (MANIFEST, CURRENT, IDENTITY, its record).
+    let template = h.data.join("base/templates/os/db");
+    let tables: Vec<_> = std::fs::read_dir(&template)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sst"))
+        .collect();
+    assert!(
+        !tables.is_empty(),
+        "the template holds the tree in table files"
+    );
+    for t in &tables {
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::metadata(t).unwrap().nlink(), 3, "{}", t.display());
+    }
+    for t in ["a", "b"] {
+        let own = common::own_bytes(&h.data.join("tenants").join(t));
+        assert!(own <= 64 << 10, "tenant {t} holds {own} bytes of its own");
+    }
     let (ma, mb) = (h.dir("ma"), h.dir("mb"));
     let a = h.mount("a", &ma, "");
     let b = h.mount("b", &mb, "");
@@ -65,6 +85,7 @@ fn tenants_from_one_base_share_it_and_keep_changes_private() {
     }
     std::fs::write(a.join("src/lib.rs"), b"// replaced\n").unwrap();
     std::fs::remove_file(a.join("link")).unwrap();
+    std::fs::rename(a.join("src/store"), a.join("store-moved")).unwrap();
     std::fs::write(a.join("new"), b"only in a").unwrap();
     let after_a = manifest(&ma);
     assert_ne!(after_a, want);
@@ -113,6 +134,10 @@ fn tenants_from_one_base_share_it_and_keep_changes_private() {
         h.ok(&["tenant", "delete", t]);
     }
     h.ok(&["base", "delete", "os"]);
+    assert!(
+        !h.data.join("base/templates/os").exists(),
+        "the template outlived its base"
+    );
     // Now nothing holds the blocks: gc gives the disk space back.
     let stored = |h: &Host| -> u64 {
         let l: serde_json::Value =

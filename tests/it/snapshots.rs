@@ -117,6 +117,24 @@ fn a_mounted_tenant_is_snapshotted_while_written_and_restores_what_was_synced_be
         "{out}"
     );
     write_synced(&mp.join("dir/after the rotation"), b"under the third key");
+    // Written again under a fourth key while served: no file of the store is left under an
+    // older one (the snapshot and the fork keep theirs: the restore below reads them).
+    let out = h.ok(&["tenant", "rotate-key", "t", "--rewrite"]);
+    assert!(
+        out.contains("holds 5 keys") && out.contains("none of its files is sealed under an older"),
+        "{out}"
+    );
+    let (_, writing) = tenantfs::tenants::key_ids(&h.data, "t").unwrap();
+    let older = tenantfs::store::files_under_other_keys(&h.data.join("tenants/t/db"), writing);
+    assert_eq!(older.unwrap(), Vec::<std::path::PathBuf>::new());
+    assert_eq!(
+        std::fs::read(mp.join("bulk")).unwrap(),
+        b"the tenant's bulk data, rewritten"
+    );
+    assert_eq!(
+        std::fs::read(mp.join("dir/after the rotation")).unwrap(),
+        b"under the third key"
+    );
 
     let listed: serde_json::Value =
         serde_json::from_str(&h.ok(&["snapshot", "list", "t", "--json"])).unwrap();
@@ -272,6 +290,11 @@ fn a_closed_tenant_is_snapshotted_restored_and_bad_requests_say_what_to_do() {
     m.umount();
     let out = h.ok(&["tenant", "rotate-key", "t"]);
     assert!(out.contains("its ring holds 2 keys"), "{out}");
+    let out = h.ok(&["tenant", "rotate-key", "t", "--rewrite"]);
+    assert!(
+        out.contains("its ring holds 3 keys") && out.contains("none of its files is sealed"),
+        "{out}"
+    );
     let out = h.ok(&["tenant", "fork", "t", "copy", "--snapshot", "one"]);
     assert!(
         out.contains("forked tenant t as its snapshot one holds it into copy in"),

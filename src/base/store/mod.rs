@@ -2,6 +2,7 @@
 //! listing and deletion; imports in `import`, gc and verification in `upkeep`.
 
 mod import;
+mod template;
 mod upkeep;
 
 use std::collections::{HashMap, HashSet};
@@ -173,7 +174,11 @@ impl BaseStore {
             &index_dir,
             Encryption::of_key(key),
             OpenMode::Create,
-        )?;
+        )
+        .map_err(|e| match e {
+            crate::store::StoreError::InUse { .. } => BaseError::StoreBusy,
+            e => e.into(),
+        })?;
         let store = Self {
             data_root: data.root().to_owned(),
             packs_dir,
@@ -356,10 +361,7 @@ impl BaseStore {
     /// The tree of ready base `name` as nodes to graft into a new volume, each file block a
     /// reference that carries the block's location (so reads need no index).
     pub fn graft_nodes(&self, name: &str) -> Result<(BaseRecord, Vec<GraftNode>), BaseError> {
-        let record = self
-            .record(name)?
-            .filter(|r| r.state == BaseState::Ready)
-            .ok_or_else(|| BaseError::Unknown(name.to_owned()))?;
+        let record = self.ready(name)?;
         let mut entries: Vec<TreeEntry> = Vec::new();
         let (start, end) = index::base_range(b'T', name);
         let mut bad = None;
@@ -432,6 +434,43 @@ impl BaseStore {
         Ok((record, nodes))
     }
 
+    /// The record of base `name`, which must be ready.
+    fn ready(&self, name: &str) -> Result<BaseRecord, BaseError> {
+        self.record(name)?
+            .filter(|r| r.state == BaseState::Ready)
+            .ok_or_else(|| BaseError::Unknown(name.to_owned()))
+    }
+
+    /// Creates `tenant` as `new` says (its block size and base: `record`'s) as a copy of
+    /// `record`'s template (built first if it has none), which `shape` may change before the
+    /// tenant appears (it gets the staged store and the tenant's ring).
+    fn copy_template(
+        &self,
+        data: &DataDir,
+        host: &StoreHost,
+        tenant: &str,
+        record: &BaseRecord,
+        new: crate::tenants::NewTenant<'_>,
+        shape: impl FnOnce(&std::path::Path, Arc<crate::crypto::Keyring>) -> Result<(), BaseError>,
+    ) -> Result<crate::tenants::TenantInfo, BaseError> {
+        let template = self.template(data, host, record)?;
+        let new = crate::tenants::NewTenant {
+            block_size: Some(record.block_size as u64),
+            base: Some(&record.name),
+            ..new
+        };
+        crate::tenants::create_from_base_store(
+            data,
+            tenant,
+            &new,
+            (template.key_id, &template.key),
+            |db, ring| -> Result<(), BaseError> {
+                crate::store::TenantDb::copy_checkpoint(tenant, &template.db, db)?;
+                shape(db, ring)
+            },
+        )
+    }
+
     /// Tenants created from base `name`.
     fn users(&self, name: &str) -> Result<Vec<String>, BaseError> {
         Ok(crate::tenants::list(&self.data_root)?
@@ -441,9 +480,10 @@ impl BaseStore {
             .collect())
     }
 
-    /// Creates tenant `tenant` from ready base `base`: a new tenant store (own key, the base's
-    /// block size) holding the base's whole tree, its file blocks referencing the base's
-    /// blocks: no data is copied. If grafting fails, the tenant is deleted again.
+    /// Creates tenant `tenant` from ready base `base`: a new tenant store (the base's block
+    /// size) that starts as a copy of the base's template (`template`: the base's whole tree,
+    /// its file blocks referencing the base's blocks), sharing its files: no data is copied,
+    /// and the cost does not grow with the base. The template is built at the first tenant.
     pub fn create_tenant(
         &self,
         data: &DataDir,
@@ -465,16 +505,20 @@ impl BaseStore {
         base: &str,
         quota: crate::quota::Quota,
     ) -> Result<crate::tenants::TenantInfo, BaseError> {
-        let (record, nodes) = self.graft_nodes(base)?;
+        let record = self.ready(base)?;
         let new = crate::tenants::NewTenant {
             quota,
             ..Default::default()
         };
-        self.create_grafted(data, host, tenant, &record, new, nodes)
+        let info = self.copy_template(data, host, tenant, &record, new, |_, _| Ok(()))?;
+        tracing::info!(tenant, base, "tenant created from base");
+        Ok(info)
     }
 
     /// Creates block volume `tenant` from ready base `base`, a raw image: the image becomes
-    /// the volume's device as `device` says, copy on write as any tenant from a base.
+    /// the volume's device as `device` says, copy on write as any tenant from a base. The
+    /// volume starts as a copy of the base's template, as a tenant from a base does; then its
+    /// one file is renamed to the device's and grown to its size (both O(1)).
     pub fn create_volume(
         &self,
         data: &DataDir,
@@ -483,73 +527,32 @@ impl BaseStore {
         base: &str,
         device: &ImageDevice,
     ) -> Result<crate::tenants::TenantInfo, BaseError> {
-        let (record, mut nodes) = self.graft_nodes(base)?;
+        let record = self.ready(base)?;
         if record.kind != SourceKind::Image {
             return Err(BaseError::NotAnImage(base.to_owned()));
         }
-        let image = nodes
-            .iter_mut()
-            .find(|n| n.kind == crate::volume::FileKind::File)
-            .ok_or_else(|| BaseError::Corrupt(format!("raw image base {base} has no file")))?;
+        let image = record.logical_bytes;
         let size = device
             .size
-            .unwrap_or(image.size.next_multiple_of(device.granule));
-        if size < image.size {
+            .unwrap_or(image.next_multiple_of(device.granule));
+        if size < image {
             return Err(BaseError::SmallerThanImage {
                 base: base.to_owned(),
-                image: image.size,
+                image,
                 size,
             });
         }
-        image.path = device.file.to_vec();
-        image.size = size;
         let new = crate::tenants::NewTenant {
             device_size: Some(size),
             ..Default::default()
         };
-        self.create_grafted(data, host, tenant, &record, new, nodes)
-    }
-
-    /// Creates `tenant` as `new` says (its block size and base are `record`'s) and grafts
-    /// `nodes` into it.
-    fn create_grafted(
-        &self,
-        data: &DataDir,
-        host: &StoreHost,
-        tenant: &str,
-        record: &BaseRecord,
-        new: crate::tenants::NewTenant<'_>,
-        nodes: Vec<crate::volume::GraftNode>,
-    ) -> Result<crate::tenants::TenantInfo, BaseError> {
-        let base = record.name.as_str();
-        let new = crate::tenants::NewTenant {
-            block_size: Some(record.block_size as u64),
-            base: Some(base),
-            ..new
-        };
-        let info = crate::tenants::create_as(data, host, tenant, &new)?;
-        let grafted = (|| -> Result<u64, BaseError> {
-            let volume = crate::volume::Volume::open(crate::tenants::open(data, host, tenant)?)?;
-            Ok(volume.graft(base, nodes)?)
-        })();
-        match grafted {
-            Ok(n) => {
-                tracing::info!(tenant, base, nodes = n, "tenant created from base");
-                // What the tenant takes on disk now that its tree is in (its store closed).
-                Ok(
-                    crate::tenants::info(&self.data_root, tenant).unwrap_or_else(|e| {
-                        tracing::warn!(tenant, error = %e, "cannot read the new tenant's size");
-                        info
-                    }),
-                )
-            }
-            Err(e) => {
-                if let Err(d) = crate::tenants::delete(data, tenant) {
-                    tracing::error!(tenant, error = %d, "cannot remove a tenant whose graft failed");
-                }
-                Err(e)
-            }
-        }
+        // The device is made in the staged copy, before the volume appears: a crash leaves
+        // no volume without its device.
+        let info = self.copy_template(data, host, tenant, &record, new, |db, ring| {
+            make_device(data, host, tenant, &record, db, ring, size, device)
+        })?;
+        tracing::info!(tenant, base, size, "block volume created from base");
+        Ok(info)
     }
 
     fn info(&self, r: &BaseRecord) -> BaseInfo {
@@ -625,6 +628,10 @@ impl BaseStore {
     /// Removes a base's keys and releases its references (idempotent: safe to repeat after a
     /// crash in the middle).
     fn drop_base(&self, name: &str) -> Result<(), BaseError> {
+        // (Its tenants, none left, linked the template's files: their copies stay theirs.)
+        let dir = template::dir_of(&self.data_root, name);
+        template::remove_if_there(&template::staging_of(&dir))?;
+        template::remove_if_there(&dir)?;
         let (start, end) = index::base_range(b'R', name);
         let mut hashes: Vec<BlockHash> = Vec::new();
         self.index.range(Family::Extents, &start, &end, |k, _| {
@@ -659,6 +666,63 @@ impl BaseStore {
         self.index.sync()?;
         Ok(())
     }
+}
+
+/// Makes the device of new block volume `tenant` in its staged store `db` (a copy of raw
+/// image base `record`'s template, opened under the volume's `ring`): the image's one file
+/// renamed to the device's name and grown from the image's size to `size`.
+#[allow(clippy::too_many_arguments)]
+fn make_device(
+    data: &DataDir,
+    host: &StoreHost,
+    tenant: &str,
+    record: &BaseRecord,
+    db: &std::path::Path,
+    ring: Arc<crate::crypto::Keyring>,
+    size: u64,
+    device: &ImageDevice,
+) -> Result<(), BaseError> {
+    let image = record.logical_bytes;
+    let lock = crate::tenant_lock::lock(data.root(), tenant).map_err(|e| {
+        BaseError::Tenant(crate::tenants::TenantError::InUse(format!("{tenant}: {e}")))
+    })?;
+    let store = TenantDb::open(
+        host,
+        tenant,
+        db,
+        Encryption::Tenant(Arc::clone(&ring)),
+        OpenMode::Existing,
+    )?;
+    let info = crate::tenants::TenantInfo {
+        name: tenant.to_owned(),
+        block_size: record.block_size,
+        created_unix: now_unix(),
+        disk_bytes: 0,
+        base: Some(record.name.clone()),
+        device_size: Some(size),
+        quota: Default::default(),
+    };
+    let volume =
+        crate::volume::Volume::open(crate::tenants::Tenant::unlisted(info, store, ring, lock))?;
+    let root = crate::volume::ROOT_INO;
+    let file = volume
+        .readdir(root)?
+        .into_iter()
+        .find(|e| e.kind == FileKind::File)
+        .ok_or_else(|| BaseError::Corrupt(format!("the raw image base of {tenant} has no file")))?;
+    if file.name != device.file {
+        let mode = crate::volume::RenameMode::NoReplace;
+        volume.rename(root, &file.name, root, device.file, mode)?;
+    }
+    if size != image {
+        let grow = crate::volume::SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        volume.setattr(file.ino, &grow)?;
+    }
+    volume.fsync()?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -110,6 +110,27 @@ impl ExtentFiles {
         Ok(files)
     }
 
+    /// The files before `horizon` whose headers name a key other than `writing` (or no key:
+    /// a file from before keyrings): what a rewrite under the writing key moves out of.
+    pub(crate) fn sealed_under_others(
+        &self,
+        horizon: u64,
+        writing: crate::crypto::KeyId,
+    ) -> Result<std::collections::HashSet<u64>, StoreError> {
+        let mut out = std::collections::HashSet::new();
+        for f in self.closed_before(horizon)? {
+            let path = self.path(f.number);
+            match crate::store::file_key_id(&path) {
+                Ok(Some(id)) if id == writing => {}
+                Ok(_) => {
+                    out.insert(f.number);
+                }
+                Err(detail) => return Err(self.error("read", f.number, detail)),
+            }
+        }
+        Ok(out)
+    }
+
     /// The bytes of the files before `horizon` that `live` does not name and that are not
     /// pooled (what a collection would take).
     pub(crate) fn unnamed_before(

@@ -44,6 +44,18 @@ impl TestHost {
     }
 }
 
+/// Bytes on disk (`st_blocks`) of the files under `dir` that have one link: what it holds
+/// of its own, not shared with another directory.
+pub fn own_bytes(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    files_under(dir)
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap())
+        .filter(|m| m.nlink() == 1)
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
 /// Every regular file under `dir`, recursively.
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
