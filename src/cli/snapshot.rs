@@ -162,6 +162,7 @@ pub fn rotate_key(cli: &Cli, name: &str, rewrite: bool) -> Result<()> {
             let host = command_stores(&config);
             let open = tenants::open_when_free(&data, &host, name).with_context(kept)?;
             let vol = tenantfs::volume::Volume::open(open).with_context(kept)?;
+            vol.check_room_for_rewrite().with_context(kept)?;
             let id = tenants::rotate_key(&data, vol.tenant()).with_context(kept)?;
             let done = vol.rewrite_under_writing_key().with_context(|| {
                 format!(

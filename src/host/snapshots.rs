@@ -65,6 +65,10 @@ impl ServingHost {
             )
         };
         let (id, rewritten) = self.with_served(tenant, |v| {
+            if rewrite {
+                v.check_room_for_rewrite()
+                    .map_err(|e| failed("the rewrite under a new key", e.to_string()))?;
+            }
             let id = crate::tenants::rotate_key(&self.data, v.tenant())
                 .map_err(|e| failed("the key rotation", e.to_string()))?;
             tracing::info!(tenant, key = %id, "tenant key rotated");

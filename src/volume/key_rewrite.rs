@@ -31,29 +31,14 @@ pub struct KeyRewrite {
 impl Volume {
     /// Writes every file of the store sealed under a key other than the ring's writing key
     /// again, under it (see the module's doc). Call after a rotation (`tenants::rotate_key`),
-    /// which starts the WAL, MANIFEST and extent file under the new key. Refused (nothing
-    /// changed) when the store's filesystem has less room than the store takes: a compaction
-    /// of every file writes it all once more before the old files go.
+    /// which starts the WAL, MANIFEST and extent file under the new key, and before it
+    /// [`Self::check_room_for_rewrite`] (this checks again).
     pub fn rewrite_under_writing_key(&self) -> Result<KeyRewrite> {
+        self.check_room_for_rewrite()?;
         let tenant = self.tenant();
-        let name = &tenant.info().name;
         let db = tenant.db();
         let files = db.extent_files();
         let (_, writing) = tenant.keys().ids();
-        let store_bytes = crate::fs_util::tree_bytes(db.path());
-        let (free, _) = db.disk_space()?;
-        if free < store_bytes {
-            return Err(StoreError::NoSpace {
-                tenant: name.clone(),
-                detail: format!(
-                    "rewriting its files under its new key needs about {store_bytes} bytes \
-                     free on {} (what its store takes), and {free} are; nothing was \
-                     rewritten",
-                    db.path().display()
-                ),
-            }
-            .into());
-        }
         let mut done = KeyRewrite::default();
         // Pooled files (kept to be written again) are files the store holds too: given up,
         // a collection takes them with the others.
@@ -70,18 +55,39 @@ impl Volume {
         }
         done.extent_files = self.collect_before(horizon)?;
         db.rewrite_files()?;
+        // (What is left is judged by the writing key now: after a rotation meanwhile, a
+        // fork's, the files under the key this rewrite began with count as left.)
+        let (_, writing) = tenant.keys().ids();
         done.left = self.files_left(writing)?;
-        if done
-            .left
-            .iter()
-            .any(|p| p.starts_with(db.path().join("extents")))
-        {
+        let extents = db.path().join("extents");
+        if done.left.iter().any(|p| p.starts_with(&extents)) {
             // The volume's own collection pooled a file the moves emptied, meanwhile.
             files.empty_pool();
             done.extent_files += self.collect_before(horizon)?;
             done.left = self.files_left(writing)?;
         }
         Ok(done)
+    }
+
+    /// Refuses a rewrite (nothing changed) when the store's filesystem has less room than
+    /// the store takes: a compaction of every file writes it all once more before the old
+    /// files go. Callers check before they rotate, so that a refusal leaves the key as well.
+    pub fn check_room_for_rewrite(&self) -> Result<()> {
+        let db = self.tenant().db();
+        let store_bytes = crate::fs_util::tree_bytes(db.path());
+        let (free, _) = db.disk_space()?;
+        if free >= store_bytes {
+            return Ok(());
+        }
+        Err(StoreError::NoSpace {
+            tenant: self.tenant().info().name.clone(),
+            detail: format!(
+                "rewriting its files under a new key needs about {store_bytes} bytes free on \
+                 {} (what its store takes), and {free} are; nothing was changed",
+                db.path().display()
+            ),
+        }
+        .into())
     }
 
     /// Deletes the closed extent files before `horizon` that no value names, as a collection
@@ -94,10 +100,20 @@ impl Volume {
         Ok(db.extent_files().collect(horizon, &live, false)?.files)
     }
 
-    /// The store's files still sealed under a key other than `writing`.
+    /// The store's files still sealed under a key other than `writing`. RocksDB deletes the
+    /// files a compaction replaced once nothing reads them (an iterator, a checkpoint
+    /// running): those are waited for, up to 2 s.
     fn files_left(&self, writing: crate::crypto::KeyId) -> Result<Vec<PathBuf>> {
         let db = self.tenant().db();
         let name = &self.tenant().info().name;
+        for _ in 1..20 {
+            let left = crate::store::files_under_other_keys(db.path(), writing)
+                .map_err(|e| StoreError::io(name, db.path(), e))?;
+            if left.is_empty() {
+                return Ok(left);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
         Ok(crate::store::files_under_other_keys(db.path(), writing)
             .map_err(|e| StoreError::io(name, db.path(), e))?)
     }

@@ -32,7 +32,8 @@ use crate::store::{Encryption, OpenMode, StoreHost, TenantDb};
 const FORMAT_VERSION: u32 = 1;
 const RECORD: &str = "template.json";
 const DB: &str = "db";
-/// How long a create waits for another process building the same template.
+/// How long a create waits for another thread of this process building the same template
+/// (the base store is one process's at a time).
 const BUILD_PATIENCE: Duration = Duration::from_secs(600);
 
 #[derive(Serialize, Deserialize)]
