@@ -647,6 +647,8 @@ pub(crate) fn env_rep(env: &rocksdb::Env) -> *const c_void {
 ///
 /// # Safety
 /// `name` points to `len` readable bytes (or is null).
+// SAFETY: an `unsafe fn` only for its callers' promise above; both callers pass the shim's
+// file name buffer, alive for their call.
 unsafe fn path_of<'a>(name: *const c_char, len: usize) -> &'a std::path::Path {
     use std::os::unix::ffi::OsStrExt;
     if name.is_null() {
