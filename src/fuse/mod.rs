@@ -23,5 +23,8 @@ pub use mount::{
     wait_for_shutdown_signal, MountEntry, MountError, MountOptions, FS_TYPE,
 };
 pub use ops::CacheMode;
-pub use ring::{kernel_enabled as uring_enabled, Transport, ENABLE_PARAMETER as URING_PARAMETER};
+pub use ring::{
+    kernel_enabled as uring_enabled, Transport, ENABLE_PARAMETER as URING_PARAMETER,
+    HANDOFF_COOLDOWN as RING_HANDOFF_COOLDOWN,
+};
 pub use session::Session;

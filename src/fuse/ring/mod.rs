@@ -33,6 +33,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
 use crate::fuse::ops::{Operations, MAX_WRITE};
 use connection::Entry;
+pub use handoff::COOLDOWN as HANDOFF_COOLDOWN;
 
 /// The module parameter root sets to let mounts use FUSE over io_uring.
 pub const ENABLE_PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
