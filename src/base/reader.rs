@@ -10,7 +10,7 @@ use aes_gcm::aead::{AeadInPlace, KeyInit};
 use aes_gcm::{Aes256Gcm, Nonce, Tag};
 
 use super::index::BlockRecord;
-use super::pack::{aligned, pack_path, Pack, PackIo, PreadIo};
+use super::pack::{aligned, pack_path, Pack, PackIo, PreadIo, PAGE};
 use super::uring::UringIo;
 use super::{BaseError, BlockHash};
 use crate::cache::{HostCache, SlabAllocator};
@@ -18,28 +18,42 @@ use crate::data_dir::DataDir;
 
 /// Length of a block reference in a tenant's extents: hash ‖ pack ‖ slot ‖ nonce ‖ tag.
 pub const REF_LEN: usize = 32 + 4 + 4 + 12 + 16;
+/// Length of a reference to a block stored as a fragment: [`REF_LEN`] ‖ offset ‖ length.
+pub const FRAGMENT_REF_LEN: usize = REF_LEN + 4 + 2;
 
 pub fn encode_ref(hash: &BlockHash, r: &BlockRecord) -> Vec<u8> {
-    let mut v = Vec::with_capacity(REF_LEN);
+    let mut v = Vec::with_capacity(FRAGMENT_REF_LEN);
     v.extend_from_slice(hash);
     v.extend_from_slice(&r.pack.to_be_bytes());
     v.extend_from_slice(&r.slot.to_be_bytes());
     v.extend_from_slice(&r.nonce);
     v.extend_from_slice(&r.tag);
+    r.encode_fragment(&mut v);
     v
 }
 
-fn decode_ref(v: &[u8]) -> Option<(BlockHash, BlockRecord)> {
-    if v.len() != REF_LEN {
-        return None;
+fn decode_ref(v: &[u8]) -> Result<(BlockHash, BlockRecord), String> {
+    let fragment = match v.len() {
+        REF_LEN => None,
+        FRAGMENT_REF_LEN => BlockRecord::decode_fragment(&v[REF_LEN..]),
+        n => {
+            return Err(format!(
+                "a base block reference of {n} bytes: not one this tenantfs reads \
+                 ({REF_LEN} or {FRAGMENT_REF_LEN}); was the tenant written by a newer tenantfs?"
+            ))
+        }
+    };
+    fn field<const N: usize>(v: &[u8], at: usize) -> [u8; N] {
+        v[at..at + N].try_into().expect("length checked")
     }
-    Some((
-        v[..32].try_into().ok()?,
+    Ok((
+        field(v, 0),
         BlockRecord {
-            pack: u32::from_be_bytes(v[32..36].try_into().ok()?),
-            slot: u32::from_be_bytes(v[36..40].try_into().ok()?),
-            nonce: v[40..52].try_into().ok()?,
-            tag: v[52..68].try_into().ok()?,
+            pack: u32::from_be_bytes(field(v, 32)),
+            slot: u32::from_be_bytes(field(v, 36)),
+            fragment,
+            nonce: field(v, 40),
+            tag: field(v, 52),
             refs: 0,
         },
     ))
@@ -110,24 +124,11 @@ impl PackReader {
         rec: &BlockRecord,
         out: &mut [u8],
     ) -> Result<(), BaseError> {
-        let pack = self.pack(rec.pack)?;
-        let len = pack.block_size as usize;
-        if out.len() != len {
-            return Err(BaseError::Corrupt(format!(
-                "block {} is {len} bytes in its pack, {} expected",
-                hex::encode(hash),
-                out.len()
-            )));
-        }
-        let mut buf = aligned(&self.slabs, len).map_err(BaseError::io(pack.path()))?;
-        pack.read_slot(&*self.io, rec.slot, &mut buf[..len])
-            .map_err(BaseError::io(pack.path()))?;
-        out.copy_from_slice(&buf[..len]);
-        self.open_block(&pack, hash, rec, out)
+        self.read_many_into(None, &[(*hash, *rec)], &mut [out])
     }
 
-    /// Opens (decrypts) `data`, the ciphertext of block `hash` read from `rec`'s slot of
-    /// `pack`, in place and checks it against its name.
+    /// Opens (decrypts) `data`, block `hash` (one block long, its stored bytes as read from
+    /// `rec`'s place in `pack` and zeros after them), in place and checks it against its name.
     fn open_block(
         &self,
         pack: &Pack,
@@ -145,11 +146,12 @@ impl PackReader {
             tracing::error!(error = %e, "base block is damaged");
             e
         };
+        let stored = rec.stored_bytes(pack.block_size) as usize;
         self.cipher
             .decrypt_in_place_detached(
                 Nonce::from_slice(&rec.nonce),
                 hash,
-                data,
+                &mut data[..stored],
                 Tag::from_slice(&rec.tag),
             )
             .map_err(|_| bad("it does not open under the host key (ciphertext or tag damaged)"))?;
@@ -159,83 +161,106 @@ impl PackReader {
         Ok(())
     }
 
-    /// Reads several blocks: consecutive slots of one pack in one read each (a run), the runs
-    /// all in flight at once through `batch` when there are several (io_uring: see
-    /// BENCHMARKS.md, "Base pack I/O engines"), else with pread. `outs[i]` gets `blocks[i]`.
+    /// Reads several blocks: what lies next to each other in a pack in one read each (a run:
+    /// consecutive slots, and the page of a fragment; up to 64 blocks' worth), the runs all in
+    /// flight at once through `batch` when there are several (io_uring: see BENCHMARKS.md,
+    /// "Base pack I/O engines"), else with pread. `outs[i]` gets `blocks[i]`.
     pub fn read_many_into(
         &self,
         batch: Option<&dyn PackIo>,
         blocks: &[(BlockHash, BlockRecord)],
         outs: &mut [&mut [u8]],
     ) -> Result<(), BaseError> {
+        // Each block's place: (pack, file offset and length of the aligned range to read,
+        // where its stored bytes start in that range).
+        let mut places: Vec<(u32, u64, u64, u64)> = Vec::with_capacity(blocks.len());
+        for ((hash, rec), out) in blocks.iter().zip(outs.iter()) {
+            let p = self.pack(rec.pack)?;
+            let bs = p.block_size as usize;
+            if out.len() != bs {
+                return Err(BaseError::Corrupt(format!(
+                    "block {} is {bs} bytes in its pack, {} expected",
+                    hex::encode(hash),
+                    out.len()
+                )));
+            }
+            let slot = p.offset(rec.slot);
+            places.push(match rec.fragment {
+                None => (rec.pack, slot, bs as u64, 0),
+                Some(fragment) => {
+                    let page = u64::from(fragment.offset / PAGE * PAGE);
+                    let within = u64::from(fragment.offset % PAGE);
+                    if within + u64::from(fragment.len) > u64::from(PAGE) || page >= bs as u64 {
+                        return Err(BaseError::Corrupt(format!(
+                            "block {} is a fragment at {}+{} of a {bs}-byte slot, across a page",
+                            hex::encode(hash),
+                            fragment.offset,
+                            fragment.len
+                        )));
+                    }
+                    (rec.pack, slot + page, u64::from(PAGE), within)
+                }
+            });
+        }
         let mut order: Vec<usize> = (0..blocks.len()).collect();
-        order.sort_by_key(|&i| (blocks[i].1.pack, blocks[i].1.slot));
-        // Runs of (pack, first slot, slot count, indices into `blocks`), at most 64 slots.
-        let mut runs: Vec<(u32, u32, u32, Vec<usize>)> = Vec::new();
+        order.sort_by_key(|&i| (places[i].0, places[i].1));
+        // Runs of (pack, file offset, length, indices into `blocks`).
+        let mut runs: Vec<(u32, u64, u64, Vec<usize>)> = Vec::new();
         for i in order {
-            let r = &blocks[i].1;
+            let (pack, at, len, _) = places[i];
+            let most = 64 * outs[i].len() as u64;
             match runs.last_mut() {
-                // The same block again (a file repeating a block): read once.
-                Some((pack, first, n, members)) if *pack == r.pack && *first + *n == r.slot + 1 => {
+                // Already in the run (a block read twice, or a fragment of a page in it).
+                Some((p, start, n, members)) if *p == pack && at + len <= *start + *n => {
                     members.push(i)
                 }
-                Some((pack, first, n, members))
-                    if *pack == r.pack && *n < 64 && *first + *n == r.slot =>
+                Some((p, start, n, members))
+                    if *p == pack && *start + *n == at && *n + len <= most =>
                 {
-                    *n += 1;
+                    *n += len;
                     members.push(i)
                 }
-                _ => runs.push((r.pack, r.slot, 1, vec![i])),
+                _ => runs.push((pack, at, len, vec![i])),
             }
         }
         let mut bufs = Vec::with_capacity(runs.len());
         for (pack, _, n, _) in &runs {
             let p = self.pack(*pack)?;
-            bufs.push(
-                aligned(&self.slabs, *n as usize * p.block_size as usize)
-                    .map_err(BaseError::io(p.path()))?,
-            );
+            bufs.push(aligned(&self.slabs, *n as usize).map_err(BaseError::io(p.path()))?);
         }
         match batch {
             Some(io) if runs.len() > 1 => {
-                let mut by_pack: HashMap<u32, Vec<(u32, &mut [u8])>> = HashMap::new();
-                for ((pack, first, n, _), buf) in runs.iter().zip(bufs.iter_mut()) {
-                    let bs = self.pack(*pack)?.block_size as usize;
+                let mut by_pack: HashMap<u32, Vec<(u64, &mut [u8])>> = HashMap::new();
+                for ((pack, at, n, _), buf) in runs.iter().zip(bufs.iter_mut()) {
                     by_pack
                         .entry(*pack)
                         .or_default()
-                        .push((*first, &mut buf[..*n as usize * bs]));
+                        .push((*at, &mut buf[..*n as usize]));
                 }
                 for (pack, mut reads) in by_pack {
                     let p = self.pack(pack)?;
-                    p.read_slots(io, &mut reads)
+                    p.read_many_at(io, &mut reads)
                         .map_err(BaseError::io(p.path()))?;
                 }
             }
             _ => {
-                for ((pack, first, n, _), buf) in runs.iter().zip(bufs.iter_mut()) {
+                for ((pack, at, n, _), buf) in runs.iter().zip(bufs.iter_mut()) {
                     let p = self.pack(*pack)?;
-                    let len = *n as usize * p.block_size as usize;
-                    p.read_slot(&*self.io, *first, &mut buf[..len])
+                    p.read_at(&*self.io, *at, &mut buf[..*n as usize])
                         .map_err(BaseError::io(p.path()))?;
                 }
             }
         }
-        for ((pack, first, _, members), buf) in runs.iter().zip(bufs.iter()) {
+        for ((pack, start, _, members), buf) in runs.iter().zip(bufs.iter()) {
             let p = self.pack(*pack)?;
-            let bs = p.block_size as usize;
             for &i in members {
                 let (hash, rec) = &blocks[i];
-                let at = (rec.slot - first) as usize * bs;
+                let (_, at, _, within) = places[i];
+                let from = (at - start + within) as usize;
+                let stored = rec.stored_bytes(p.block_size) as usize;
                 let out = &mut outs[i];
-                if out.len() != bs {
-                    return Err(BaseError::Corrupt(format!(
-                        "block {} is {bs} bytes in its pack, {} expected",
-                        hex::encode(hash),
-                        out.len()
-                    )));
-                }
-                out.copy_from_slice(&buf[at..at + bs]);
+                out[..stored].copy_from_slice(&buf[from..from + stored]);
+                out[stored..].fill(0);
                 self.open_block(&p, hash, rec, out)?;
             }
         }
@@ -307,7 +332,7 @@ impl BaseBlockReader {
 
 impl crate::volume::BaseBlocks for BaseBlockReader {
     fn read(&self, reference: &[u8], out: &mut [u8]) -> Result<(), String> {
-        let (hash, rec) = decode_ref(reference).ok_or("malformed base block reference")?;
+        let (hash, rec) = decode_ref(reference)?;
         if self.cached(&hash, out) {
             return Ok(());
         }
@@ -322,7 +347,7 @@ impl crate::volume::BaseBlocks for BaseBlockReader {
         let mut misses: Vec<(BlockHash, BlockRecord)> = Vec::new();
         let mut miss_outs: Vec<&mut [u8]> = Vec::new();
         for (r, out) in refs.iter().zip(outs.iter_mut()) {
-            let (hash, rec) = decode_ref(r).ok_or("malformed base block reference")?;
+            let (hash, rec) = decode_ref(r)?;
             if !self.cached(&hash, out) {
                 misses.push((hash, rec));
                 miss_outs.push(&mut **out);
@@ -352,16 +377,28 @@ mod tests {
 
     #[test]
     fn references_round_trip() {
-        let r = BlockRecord {
+        let mut r = BlockRecord {
             pack: 2,
             slot: 77,
+            fragment: None,
             nonce: [3; 12],
             tag: [4; 16],
             refs: 0,
         };
         let v = encode_ref(&[9; 32], &r);
         assert_eq!(v.len(), REF_LEN);
-        assert_eq!(decode_ref(&v), Some(([9; 32], r)));
-        assert_eq!(decode_ref(&v[1..]), None);
+        assert_eq!(decode_ref(&v), Ok(([9; 32], r)));
+        r.fragment = Some(crate::base::index::Fragment {
+            offset: 4100,
+            len: 2048,
+        });
+        let v = encode_ref(&[9; 32], &r);
+        assert_eq!(v.len(), FRAGMENT_REF_LEN);
+        assert_eq!(decode_ref(&v), Ok(([9; 32], r)));
+        let e = decode_ref(&v[1..]).unwrap_err();
+        assert!(
+            e.contains("73 bytes") && e.contains("newer tenantfs"),
+            "{e}"
+        );
     }
 }

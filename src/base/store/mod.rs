@@ -23,7 +23,10 @@ use crate::store::{Batch, Encryption, Family, OpenMode, StoreHost, TenantDb};
 use crate::volume::{FileKind, GraftNode};
 
 /// Version 2 added `unique_bytes`; version-1 records get it computed from the index at open.
-const FORMAT_VERSION: u32 = 2;
+/// Version 3: the base's short blocks may be stored as fragments (several to a slot), which a
+/// tenantfs that reads version 2 would not find; `stored_bytes` added. Records of versions 1
+/// and 2 stay as they are (their blocks fill their slots).
+const FORMAT_VERSION: u32 = 3;
 /// Blocks sealed and written per pack write (and per index batch).
 const FLUSH_BLOCKS: usize = 256;
 const INDEX_NAME: &str = "host base index";
@@ -57,6 +60,10 @@ pub struct BaseRecord {
     /// more than `logical_bytes`. None only in version-1 records, until they are migrated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unique_bytes: Option<u64>,
+    /// Bytes those distinct blocks take in packs: a slot each, or a fragment's bytes for a block
+    /// stored as one. None in records before version 3, whose blocks each fill a slot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_bytes: Option<u64>,
     pub created_unix: u64,
 }
 
@@ -83,7 +90,8 @@ pub struct BaseInfo {
     /// Bytes of file data in its distinct non-zero blocks (each counted once, by the file
     /// bytes it holds): what is left of `logical_bytes` after holes and duplicates.
     pub unique_bytes: u64,
-    /// Its distinct blocks times the block size: what it would take on disk alone.
+    /// What its distinct blocks take in packs (a slot each, or a fragment's bytes): what it
+    /// would take on disk alone, headers and partly filled slots aside.
     pub stored_bytes: u64,
     /// Tenants created from the base.
     pub tenants: Vec<String>,
@@ -193,7 +201,10 @@ impl BaseStore {
                     let mut b = store.index.batch();
                     store.put_record(&mut b, &record);
                     store.index.write(b)?;
-                    tracing::info!(base = %record.name, "base record migrated to format 2");
+                    tracing::info!(
+                        base = %record.name,
+                        "base record migrated to format {FORMAT_VERSION}"
+                    );
                 }
                 BaseState::Ready => {}
                 BaseState::Importing => {
@@ -563,7 +574,9 @@ impl BaseStore {
             files: r.files,
             logical_bytes: r.logical_bytes,
             unique_bytes: r.unique_bytes.unwrap_or(0),
-            stored_bytes: r.unique_blocks * r.block_size as u64,
+            stored_bytes: r
+                .stored_bytes
+                .unwrap_or(r.unique_blocks * r.block_size as u64),
             tenants: Vec::new(),
         }
     }
@@ -585,10 +598,17 @@ impl BaseStore {
             })
             .collect();
         let mut stored = 0u64;
-        let mut sizes: HashMap<u32, u64> = HashMap::new();
-        self.for_each_block(|_, r| *sizes.entry(r.pack).or_default() += 1)?;
-        for (pack, n) in sizes {
-            stored += n * self.pack(pack)?.block_size as u64;
+        let mut block_sizes: HashMap<u32, u32> = HashMap::new();
+        let mut blocks: Vec<BlockRecord> = Vec::new();
+        self.for_each_block(|_, r| blocks.push(r))?;
+        for r in blocks {
+            let bs = match block_sizes.get(&r.pack) {
+                Some(&bs) => bs,
+                None => *block_sizes
+                    .entry(r.pack)
+                    .or_insert(self.pack(r.pack)?.block_size),
+            };
+            stored += r.stored_bytes(bs);
         }
         let mut pack_bytes = 0;
         for id in self.pack_ids()? {
@@ -726,49 +746,4 @@ fn make_device(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The migration of version-1 records recounts `unique_bytes` from the index exactly as
-    /// the import counted it: partial last blocks, a duplicate block, a hole.
-    #[test]
-    fn migration_counts_unique_bytes_as_the_import_did() {
-        let tmp = tempfile::Builder::new()
-            .prefix("tenantfs-base-migrate-")
-            .tempdir_in("/var/tmp")
-            .unwrap();
-        let root = tmp.path().join("data");
-        DataDir::init(&root, None).unwrap();
-        let data = DataDir::open(&root, None).unwrap();
-        let host = StoreHost::builder().build();
-        let src = tmp.path().join("src");
-        std::fs::create_dir_all(src.join("d")).unwrap();
-        let block = vec![7u8; 4096];
-        let a = [block.as_slice(), &[0u8; 4096], &[3u8; 10]].concat();
-        std::fs::write(src.join("a"), &a).unwrap();
-        std::fs::write(src.join("d/b"), [block.as_slice(), &[9u8; 33]].concat()).unwrap();
-        std::fs::write(src.join("d/c"), vec![5u8; 5000]).unwrap();
-        let store = BaseStore::open(&data, &host).unwrap();
-        store.import("m", &src, 4096, &mut |_| {}).unwrap();
-        let record = store.record("m").unwrap().unwrap();
-        let counted = record.unique_bytes.unwrap();
-        assert_eq!(
-            counted,
-            4096 + 10 + 33 + 5000,
-            "the repeated block counts once"
-        );
-        assert_eq!(store.unique_bytes_of(&record).unwrap(), counted);
-        // A version-1 record (no unique_bytes) is migrated when the store opens.
-        let mut old = record.clone();
-        old.format_version = 1;
-        old.unique_bytes = None;
-        let mut b = store.index.batch();
-        store.put_record(&mut b, &old);
-        store.index.write(b).unwrap();
-        drop(store);
-        let store = BaseStore::open(&data, &host).unwrap();
-        let migrated = store.record("m").unwrap().unwrap();
-        assert_eq!(migrated.format_version, FORMAT_VERSION);
-        assert_eq!(migrated.unique_bytes, Some(counted));
-    }
-}
+mod tests;

@@ -16,9 +16,12 @@ impl BaseStore {
     /// imports append to). It changes no index entry, so a crash at any point is harmless and
     /// running it again finishes the job.
     pub fn gc(&self, progress: &mut dyn FnMut(Progress)) -> Result<GcReport, BaseError> {
+        // A slot is live while any block in it is (a block of its own, or one of its fragments).
         let mut live: HashMap<u32, HashSet<u32>> = HashMap::new();
+        let mut live_blocks = 0u64;
         self.for_each_block(|_, r| {
             live.entry(r.pack).or_default().insert(r.slot);
+            live_blocks += 1;
         })?;
         // Where imports append: those packs stay, and slots from the append point on are not
         // garbage but free.
@@ -34,7 +37,7 @@ impl BaseStore {
         })?;
         let ids = self.pack_ids()?;
         let mut report = GcReport {
-            live_blocks: live.values().map(|s| s.len() as u64).sum(),
+            live_blocks,
             ..GcReport::default()
         };
         for (n, id) in ids.iter().enumerate() {
