@@ -46,6 +46,29 @@ fn a_fork_holds_its_source_and_each_side_reads_only_what_it_writes() {
         let (first, _) = crate::tenants::key_ids(&root, "t").unwrap();
         let forked = fork(data, vol.tenant(), "f", None).unwrap();
         assert_eq!(forked.info.name, "f");
+        // The source's WAL and MANIFEST at the fork: none of them gets another byte (the
+        // memtable switch started a new WAL; the flush behind it starts a new MANIFEST).
+        let appended_to = |kind: &str| {
+            store_files(&root, "t")
+                .into_iter()
+                .filter(|p| {
+                    let n = p.file_name().unwrap().to_string_lossy().into_owned();
+                    n.starts_with(kind) || n.ends_with(kind)
+                })
+                .map(|p| {
+                    let len = std::fs::metadata(&p).unwrap().len();
+                    (p, len)
+                })
+                .collect::<Vec<_>>()
+        };
+        let at_fork: Vec<_> = ["MANIFEST-", ".log"]
+            .into_iter()
+            .flat_map(appended_to)
+            .filter(|(p, _)| {
+                file_key_id(p).unwrap() != Some(crate::tenants::key_ids(&root, "t").unwrap().1)
+            })
+            .collect();
+        assert!(!at_fork.is_empty());
         let again = fork(data, vol.tenant(), "f", None).unwrap_err().to_string();
         assert!(again.contains("already exists"), "{again}");
         let (ids, writing) = crate::tenants::key_ids(&root, "t").unwrap();
@@ -74,6 +97,13 @@ fn a_fork_holds_its_source_and_each_side_reads_only_what_it_writes() {
         write_file(&vol, b"c", b"after the fork");
         vol.fsync().unwrap();
         vol.tenant().db().flush().unwrap();
+        for (path, len) in &at_fork {
+            if let Ok(m) = std::fs::metadata(path) {
+                assert_eq!(m.len(), *len, "{} grew after the fork", path.display());
+            }
+        }
+        // The flushes done, the MANIFEST's size limit is RocksDB's default again.
+        assert_eq!(vol.tenant().db().manifest_size_limit(), 1 << 30);
         let fork_ring = crate::tenants::open(data, store.store_host(), "f").unwrap();
         let mut new_files = 0;
         for path in store_files(&root, "t").difference(&before) {

@@ -42,6 +42,9 @@ extern "C" {
     );
     fn tenantfs_db_resume(db: *mut sys::rocksdb_t) -> *mut c_char;
     fn tenantfs_db_rewrite_identity(db: *mut sys::rocksdb_t) -> *mut c_char;
+    fn tenantfs_db_rewrite_options(db: *mut sys::rocksdb_t) -> *mut c_char;
+    #[cfg(test)]
+    fn tenantfs_db_max_manifest_file_size(db: *mut sys::rocksdb_t) -> u64;
     fn tenantfs_blob_cache_new(
         host: *const sys::rocksdb_cache_t,
         ids: *const c_void,
@@ -184,6 +187,19 @@ pub(crate) fn rewrite_identity(db: &rocksdb::DB) -> Result<(), String> {
     owned_error(unsafe { tenantfs_db_rewrite_identity(db.as_raw_ptr()) })
 }
 
+/// The store's `max_manifest_file_size` as it is now.
+#[cfg(test)]
+pub(crate) fn max_manifest_file_size(db: &rocksdb::DB) -> u64 {
+    // SAFETY: `db` is open for the call; the shim reads its options.
+    unsafe { tenantfs_db_max_manifest_file_size(db.as_raw_ptr()) }
+}
+
+/// Writes the store's OPTIONS files again (through its Env: under the writing key).
+pub(crate) fn rewrite_options(db: &rocksdb::DB) -> Result<(), String> {
+    // SAFETY: `db` is open for the call; the shim sets an option to the value it has.
+    owned_error(unsafe { tenantfs_db_rewrite_options(db.as_raw_ptr()) })
+}
+
 /// Ok for null, else the message of an error the shim allocated with strdup (freed here).
 fn owned_error(err: *mut c_char) -> Result<(), String> {
     if err.is_null() {
@@ -254,6 +270,20 @@ extern "C" fn tenantfs_store_resumed(health: *const c_void) {
 #[no_mangle]
 extern "C" fn tenantfs_store_flush_begins(health: *const c_void) {
     with_health(health, StoreHealth::flush_begins);
+}
+
+/// A flush completed: 1 if the MANIFEST's size limits are to be raised back now.
+#[no_mangle]
+extern "C" fn tenantfs_store_take_manifest_limits(health: *const c_void) -> i32 {
+    let mut take = false;
+    with_health(health, |h| take = h.take_manifest_limits());
+    i32::from(take)
+}
+
+/// Raising the MANIFEST's limits back failed: the next completed flush tries again.
+#[no_mangle]
+extern "C" fn tenantfs_store_manifest_limits_lowered(health: *const c_void) {
+    with_health(health, StoreHealth::manifest_limits_lowered);
 }
 
 /// A flush or compaction moved `bytes` to or from the disk, in work that began `elapsed_us`

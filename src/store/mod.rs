@@ -34,7 +34,8 @@ pub(crate) use foreground::note as note_foreground_io;
 pub use health::StoreState;
 pub use host::{DirectIo, StoreHost, StoreHostBuilder};
 pub use tenant_db::{
-    disk_space_at, Batch, BlobSpace, Encryption, Entry, Family, OpenMode, TenantDb,
+    disk_space_at, Batch, BlobSpace, Encryption, Entry, Family, ManifestLimitsLowered, OpenMode,
+    TenantDb,
 };
 
 /// Size of the encryption header at the start of every store file.

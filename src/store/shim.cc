@@ -77,6 +77,8 @@ void tenantfs_store_stopped(const void* health, int no_space, const char* detail
                             size_t len);
 void tenantfs_store_resumed(const void* health);
 void tenantfs_store_flush_begins(const void* health);
+int tenantfs_store_take_manifest_limits(const void* health);
+void tenantfs_store_manifest_limits_lowered(const void* health);
 void tenantfs_store_background_io(const void* health, uint64_t bytes, uint64_t elapsed_us);
 void tenantfs_health_release(const void* health);
 // A store's file ids (an Arc<FileIds> the blob cache below holds one count of): writes the
@@ -454,6 +456,21 @@ class HealthListener final : public EventListener {
     tenantfs_store_flush_begins(health_);
   }
 
+  // A flush completed while the store moves to new files (a key rotation lowered the
+  // MANIFEST's size limits so that the next edit starts a new MANIFEST: TenantDb::
+  // start_new_files): that edit is written, so the limits go back to RocksDB's defaults
+  // (tenantfs sets neither). SetDBOptions takes the DB mutex, which is not held during this
+  // call, and waits for no background work when only these two options change.
+  void OnFlushCompleted(DB* db, const ROCKSDB_NAMESPACE::FlushJobInfo&) override {
+    if (!tenantfs_store_take_manifest_limits(health_)) return;
+    const ROCKSDB_NAMESPACE::DBOptions defaults;
+    Status s = db->SetDBOptions(
+        {{"max_manifest_file_size", std::to_string(defaults.max_manifest_file_size)},
+         {"max_manifest_space_amp_pct",
+          std::to_string(defaults.max_manifest_space_amp_pct)}});
+    if (!s.ok()) tenantfs_store_manifest_limits_lowered(health_);
+  }
+
   // The store's background work, reported as it moves bytes (the tenant is charged for it:
   // src/store/background.rs): every table and blob file a flush or compaction writes, and
   // what a compaction read.
@@ -640,6 +657,25 @@ char* tenantfs_db_rewrite_identity(rocksdb_t* db) {
                                            ROCKSDB_NAMESPACE::Temperature::kUnknown, id);
   }
   return s.ok() ? nullptr : strdup(s.ToString().c_str());
+}
+
+// Writes the store's OPTIONS file again, twice (RocksDB keeps the newest two): none written
+// under an older key is left. RocksDB writes it only when an option changes: the LOG's stats
+// period goes one second up and back (tenantfs sets it nowhere else, so this races with
+// nothing; a dump of stats to the LOG is all it does).
+char* tenantfs_db_rewrite_options(rocksdb_t* db) {
+  DB* d = db->rep;
+  const unsigned int period = d->GetDBOptions().stats_dump_period_sec;
+  for (unsigned int value : {period + 1, period}) {
+    Status s = d->SetDBOptions({{"stats_dump_period_sec", std::to_string(value)}});
+    if (!s.ok()) return strdup(s.ToString().c_str());
+  }
+  return nullptr;
+}
+
+// The store's max_manifest_file_size now (a key rotation lowers it until a flush completes).
+uint64_t tenantfs_db_max_manifest_file_size(rocksdb_t* db) {
+  return db->rep->GetDBOptions().max_manifest_file_size;
 }
 
 // Deletes blob files that no version of the store references: the partial output of a flush

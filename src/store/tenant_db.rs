@@ -114,6 +114,17 @@ impl Drop for TenantDb {
     }
 }
 
+/// A store's MANIFEST size limits, lowered ([`TenantDb::lower_manifest_limits`]); once this
+/// is dropped, the next flush that completes raises them back.
+#[must_use = "lowered for start_new_files"]
+pub struct ManifestLimitsLowered(Arc<StoreHealth>);
+
+impl Drop for ManifestLimitsLowered {
+    fn drop(&mut self) {
+        self.0.manifest_limits_lowered();
+    }
+}
+
 /// What a store's blob files hold ([`TenantDb::blob_space`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BlobSpace {
@@ -680,35 +691,66 @@ impl TenantDb {
         }
     }
 
-    /// Starts new files for everything written from now on: the flushes and compactions
-    /// running now waited for, a marker (`marker`, under a key of its own in `Meta`) written
-    /// and every memtable flushed, so RocksDB moves to a new WAL (it does so only with a
-    /// memtable that holds something) and, its limits lowered for that flush, a new
-    /// MANIFEST; and the open extent file closed. After a key rotation, every file the store
-    /// writes afterwards is sealed under the new key.
-    pub fn start_new_files(&self, marker: &[u8]) -> Result<(), StoreError> {
+    /// Lowers the MANIFEST's size limits, so that its next edit starts a new MANIFEST
+    /// (RocksDB starts one at an edit when the current one is past its limit), for
+    /// [`Self::start_new_files`]; the limits go back to RocksDB's defaults after the first
+    /// flush that completes once the returned value is gone. (About 5 ms: RocksDB writes
+    /// its OPTIONS file again; a fork does it while its checkpoint is taken.)
+    pub fn lower_manifest_limits(&self) -> Result<ManifestLimitsLowered, StoreError> {
+        super::ffi::set_db_options(
+            &self.db,
+            &[
+                ("max_manifest_file_size", "1"),
+                ("max_manifest_space_amp_pct", "0"),
+            ],
+        )
+        .map_err(|detail| StoreError::from_detail(&self.tenant, "set options", detail))?;
+        Ok(ManifestLimitsLowered(Arc::clone(&self.health)))
+    }
+
+    /// Starts new files for everything written from now on (`lowered`: this store's
+    /// MANIFEST limits, lowered): the flushes and compactions running now waited for; a
+    /// marker (`marker`, under a key of its own in `Meta`) written and that memtable
+    /// switched, so RocksDB moves to a new WAL at once (it does so only with a memtable that
+    /// holds something) and flushes the old one in the background (its edit is the
+    /// MANIFEST's next: a new MANIFEST, after which the listener raises the limits back);
+    /// and the open extent file closed. After a key rotation, every file the store writes or
+    /// appends to afterwards is under the new key.
+    pub fn start_new_files(
+        &self,
+        marker: &[u8],
+        lowered: ManifestLimitsLowered,
+    ) -> Result<(), StoreError> {
+        assert!(
+            Arc::ptr_eq(&lowered.0, &self.health),
+            "the MANIFEST limits of another store"
+        );
         // A flush or compaction running now writes files it opened under the old key.
         super::ffi::wait_for_running_background_work(&self.db)
             .map_err(|detail| StoreError::from_detail(&self.tenant, "wait", detail))?;
-        // The MANIFEST too: RocksDB moves to a new one when the current one is past its
-        // limit, here at the flush's edit; the limits go back to RocksDB's defaults after.
-        let limits = |size: &str, amp: &str| {
-            super::ffi::set_db_options(
-                &self.db,
-                &[
-                    ("max_manifest_file_size", size),
-                    ("max_manifest_space_amp_pct", amp),
-                ],
-            )
-            .map_err(|detail| StoreError::from_detail(&self.tenant, "set options", detail))
-        };
-        limits("1", "0")?;
-        self.put(Family::Meta, b"!files-started", marker)?;
-        let flushed = self.flush();
-        limits("1073741824", "500")?;
-        flushed?;
+        let switched = self
+            .put(Family::Meta, b"!files-started", marker)
+            .and_then(|()| {
+                let mut switch = rocksdb::FlushOptions::default();
+                switch.set_wait(false);
+                self.db
+                    .flush_cf_opt(self.cf(Family::Meta), &switch)
+                    .map_err(|e| self.write_error("flush", e))
+            });
+        // Only now (whatever the outcome): a flush that completed before the switch would
+        // raise them too early. (One that completes between the switch and here leaves them
+        // low until the next.)
+        drop(lowered);
+        switched?;
         self.extents.close_if_idle(std::time::Duration::ZERO)?;
         Ok(())
+    }
+
+    /// The MANIFEST's size limit now: RocksDB's default but while the store moves to new
+    /// files ([`Self::start_new_files`]).
+    #[cfg(test)]
+    pub(crate) fn manifest_size_limit(&self) -> u64 {
+        super::ffi::max_manifest_file_size(&self.db)
     }
 
     /// Flushes all memtables to SST files.
@@ -727,7 +769,7 @@ impl TenantDb {
 
     /// Writes every file RocksDB keeps of the store again (under the ring's writing key):
     /// each family compacted fully, the extents family with every blob file collected, and
-    /// the IDENTITY file (written once, at creation, otherwise).
+    /// the IDENTITY and OPTIONS files (written once, at creation, and when options change).
     pub fn rewrite_files(&self) -> Result<(), StoreError> {
         self.flush()?;
         self.collect_blob_garbage();
@@ -738,6 +780,7 @@ impl TenantDb {
                 .compact_range_cf_opt(self.cf(f), None::<&[u8]>, None::<&[u8]>, &opts);
         }
         super::ffi::rewrite_identity(&self.db)
+            .and_then(|()| super::ffi::rewrite_options(&self.db))
             .map_err(|detail| StoreError::from_detail(&self.tenant, "rewrite", detail))?;
         match self.state() {
             StoreState::Writable => Ok(()),

@@ -42,13 +42,27 @@ pub(super) fn keyring(
 /// are sealed under it (the store starts new files at once); those written before keep
 /// theirs, which stay in its ring. Returns the new key's id.
 pub fn rotate_key(data: &DataDir, tenant: &Tenant) -> Result<KeyId, TenantError> {
+    rotate_key_lowered(data, tenant, None)
+}
+
+/// [`rotate_key`]; the store's MANIFEST limits are `lowered` already, or lowered once the
+/// key has moved (so the OPTIONS file RocksDB writes then is under the new key too).
+fn rotate_key_lowered(
+    data: &DataDir,
+    tenant: &Tenant,
+    lowered: Option<crate::store::ManifestLimitsLowered>,
+) -> Result<KeyId, TenantError> {
     let id = {
         let _one = record_changes();
         let (id, key) = add_key(data, &tenant.info.name)?;
         tenant.keys.rotate_to(id, key);
         id
     };
-    tenant.db.start_new_files(&id.0)?;
+    let lowered = match lowered {
+        Some(l) => l,
+        None => tenant.db.lower_manifest_limits()?,
+    };
+    tenant.db.start_new_files(&id.0, lowered)?;
     Ok(id)
 }
 
@@ -95,7 +109,18 @@ pub(crate) fn create_fork(
     stage_db: impl FnOnce(&Path) -> Result<(), TenantError>,
 ) -> Result<TenantInfo, TenantError> {
     create_staged(new, data, |staging| {
-        stage_db(&staging.join(DB))?;
+        // The source's MANIFEST limits lowered for its move to a new key while the store is
+        // staged (both mostly wait on the disk).
+        let (staged, lowered) = std::thread::scope(|s| {
+            let lowering = s.spawn(|| source.db.lower_manifest_limits());
+            let staged = stage_db(&staging.join(DB));
+            let lowered = lowering
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (staged, lowered)
+        });
+        staged?;
+        let lowered = lowered?;
         fail::fail_point!("fork-staged");
         let name = &source.info.name;
         let from = read_record(&tenant_dir(data.root(), name)?, name)?;
@@ -105,7 +130,7 @@ pub(crate) fn create_fork(
             read.push((id, key.clone(), base));
         });
         let (keys, own_id, _) = ring_for(data, new, &read)?;
-        rotate_key(data, source)?;
+        rotate_key_lowered(data, source, Some(lowered))?;
         fail::fail_point!("fork-rotated");
         let like = NewTenant {
             block_size: None,
