@@ -26,9 +26,69 @@ fn store_files(root: &Path, name: &str) -> BTreeSet<PathBuf> {
     out
 }
 
+/// The WALs and MANIFESTs of tenant `name`'s store, with their sizes.
+fn appended_files(root: &Path, name: &str) -> Vec<(PathBuf, u64)> {
+    store_files(root, name)
+        .into_iter()
+        .filter(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("MANIFEST-") || n.ends_with(".log")
+        })
+        .map(|p| {
+            let len = std::fs::metadata(&p).unwrap().len();
+            (p, len)
+        })
+        .collect()
+}
+
 fn open(store: &TestStore, name: &str) -> Volume {
     let t = crate::tenants::open(store.data_dir(), store.store_host(), name).unwrap();
     Volume::open(t).unwrap()
+}
+
+/// Forks back to back of a source whose WAL is large enough that each checkpoint flushes
+/// (its MANIFEST edits made while the limits are lowered for the move to a new key): no WAL
+/// or MANIFEST under a key the forks hold gets another byte, and once the source has flushed,
+/// its MANIFEST limit is RocksDB's default again.
+#[test]
+fn a_source_appends_to_no_file_under_its_old_keys_after_forks_back_to_back() {
+    let store = TestStore::new();
+    let (data, root) = (store.data_dir(), store.root().to_owned());
+    let vol = store.open();
+    let more = |from: u32| {
+        for i in from..from + 400 {
+            write_file(
+                &vol,
+                format!("small-{i}").as_bytes(),
+                &noise(1024, u64::from(i)),
+            );
+        }
+    };
+    more(0);
+    fork(data, vol.tenant(), "f", None).unwrap();
+    fork(data, vol.tenant(), "g", None).unwrap();
+    let writing = crate::tenants::key_ids(&root, "t").unwrap().1;
+    let old: Vec<_> = appended_files(&root, "t")
+        .into_iter()
+        .filter(|(p, _)| file_key_id(p).unwrap() != Some(writing))
+        .collect();
+    assert!(old.len() >= 2, "{old:?}");
+    more(400);
+    vol.fsync().unwrap();
+    vol.tenant().db().flush().unwrap();
+    for (path, len) in &old {
+        if let Ok(m) = std::fs::metadata(path) {
+            assert_eq!(m.len(), *len, "{} grew after the forks", path.display());
+        }
+    }
+    assert!(appended_files(&root, "t")
+        .iter()
+        .any(|(p, _)| p.to_string_lossy().contains("MANIFEST-")
+            && file_key_id(p).unwrap() == Some(writing)));
+    assert_eq!(vol.tenant().db().manifest_size_limit(), 1 << 30);
+    let g = open(&store, "g");
+    assert_eq!(read_file(&g, b"small-399").unwrap(), noise(1024, 399));
+    assert_eq!(read_file(&g, b"small-400"), None);
 }
 
 #[test]
@@ -48,25 +108,10 @@ fn a_fork_holds_its_source_and_each_side_reads_only_what_it_writes() {
         assert_eq!(forked.info.name, "f");
         // The source's WAL and MANIFEST at the fork: none of them gets another byte (the
         // memtable switch started a new WAL; the flush behind it starts a new MANIFEST).
-        let appended_to = |kind: &str| {
-            store_files(&root, "t")
-                .into_iter()
-                .filter(|p| {
-                    let n = p.file_name().unwrap().to_string_lossy().into_owned();
-                    n.starts_with(kind) || n.ends_with(kind)
-                })
-                .map(|p| {
-                    let len = std::fs::metadata(&p).unwrap().len();
-                    (p, len)
-                })
-                .collect::<Vec<_>>()
-        };
-        let at_fork: Vec<_> = ["MANIFEST-", ".log"]
+        let writing_now = crate::tenants::key_ids(&root, "t").unwrap().1;
+        let at_fork: Vec<_> = appended_files(&root, "t")
             .into_iter()
-            .flat_map(appended_to)
-            .filter(|(p, _)| {
-                file_key_id(p).unwrap() != Some(crate::tenants::key_ids(&root, "t").unwrap().1)
-            })
+            .filter(|(p, _)| file_key_id(p).unwrap() != Some(writing_now))
             .collect();
         assert!(!at_fork.is_empty());
         let again = fork(data, vol.tenant(), "f", None).unwrap_err().to_string();

@@ -389,10 +389,12 @@ impl ServingHost {
         sessions.clear();
     }
 
-    /// Resumes stores that stopped for lack of space once there is room again.
+    /// Resumes stores that stopped for lack of space once there is room again, and raises
+    /// the MANIFEST limits that key rotations lowered once they are done with them.
     pub fn resume_stores(&self) {
         self.each_store(|db| {
             db.try_resume();
+            db.raise_manifest_limits();
         });
     }
 

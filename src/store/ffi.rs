@@ -45,6 +45,7 @@ extern "C" {
     fn tenantfs_db_rewrite_options(db: *mut sys::rocksdb_t) -> *mut c_char;
     #[cfg(test)]
     fn tenantfs_db_max_manifest_file_size(db: *mut sys::rocksdb_t) -> u64;
+    fn tenantfs_db_manifest_number(db: *mut sys::rocksdb_t) -> u64;
     fn tenantfs_blob_cache_new(
         host: *const sys::rocksdb_cache_t,
         ids: *const c_void,
@@ -194,6 +195,13 @@ pub(crate) fn max_manifest_file_size(db: &rocksdb::DB) -> u64 {
     unsafe { tenantfs_db_max_manifest_file_size(db.as_raw_ptr()) }
 }
 
+/// The number of the MANIFEST the store appends to now (None if RocksDB cannot tell).
+pub(crate) fn manifest_number(db: &rocksdb::DB) -> Option<u64> {
+    // SAFETY: `db` is open for the call; the shim lists its live files.
+    let n = unsafe { tenantfs_db_manifest_number(db.as_raw_ptr()) };
+    (n != 0).then_some(n)
+}
+
 /// Writes the store's OPTIONS files again (through its Env: under the writing key).
 pub(crate) fn rewrite_options(db: &rocksdb::DB) -> Result<(), String> {
     // SAFETY: `db` is open for the call; the shim sets an option to the value it has.
@@ -270,20 +278,6 @@ extern "C" fn tenantfs_store_resumed(health: *const c_void) {
 #[no_mangle]
 extern "C" fn tenantfs_store_flush_begins(health: *const c_void) {
     with_health(health, StoreHealth::flush_begins);
-}
-
-/// A flush completed: 1 if the MANIFEST's size limits are to be raised back now.
-#[no_mangle]
-extern "C" fn tenantfs_store_take_manifest_limits(health: *const c_void) -> i32 {
-    let mut take = false;
-    with_health(health, |h| take = h.take_manifest_limits());
-    i32::from(take)
-}
-
-/// Raising the MANIFEST's limits back failed: the next completed flush tries again.
-#[no_mangle]
-extern "C" fn tenantfs_store_manifest_limits_lowered(health: *const c_void) {
-    with_health(health, StoreHealth::manifest_limits_lowered);
 }
 
 /// A flush or compaction moved `bytes` to or from the disk, in work that began `elapsed_us`

@@ -64,9 +64,6 @@ pub struct StoreHealth {
     flush_barrier: std::sync::OnceLock<FlushBarrier>,
     /// Where the store's flushes and compactions are reported as background work.
     background: super::background::BackgroundWork,
-    /// The MANIFEST's size limits are lowered until a flush completes (the store is moving to
-    /// new files: [`super::TenantDb::start_new_files`]); the listener then raises them back.
-    manifest_limits_lowered: AtomicBool,
 }
 
 /// See [`StoreHealth::set_flush_barrier`].
@@ -101,19 +98,7 @@ impl StoreHealth {
             }),
             flush_barrier: std::sync::OnceLock::new(),
             background: Default::default(),
-            manifest_limits_lowered: AtomicBool::new(false),
         }
-    }
-
-    /// Notes that the MANIFEST's size limits were lowered, to be raised back once a flush
-    /// has completed (its edit moved the store to a new MANIFEST).
-    pub(crate) fn manifest_limits_lowered(&self) {
-        self.manifest_limits_lowered.store(true, Ordering::Release);
-    }
-
-    /// Whether the MANIFEST's limits are to be raised back now (once: the flag is taken).
-    pub(crate) fn take_manifest_limits(&self) -> bool {
-        self.manifest_limits_lowered.swap(false, Ordering::AcqRel)
     }
 
     /// Where the store's background work is reported.

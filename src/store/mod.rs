@@ -19,6 +19,7 @@ mod file_key;
 mod foreground;
 mod health;
 mod host;
+mod manifest_roll;
 mod ring_read;
 mod tenant_db;
 

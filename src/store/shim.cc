@@ -77,8 +77,6 @@ void tenantfs_store_stopped(const void* health, int no_space, const char* detail
                             size_t len);
 void tenantfs_store_resumed(const void* health);
 void tenantfs_store_flush_begins(const void* health);
-int tenantfs_store_take_manifest_limits(const void* health);
-void tenantfs_store_manifest_limits_lowered(const void* health);
 void tenantfs_store_background_io(const void* health, uint64_t bytes, uint64_t elapsed_us);
 void tenantfs_health_release(const void* health);
 // A store's file ids (an Arc<FileIds> the blob cache below holds one count of): writes the
@@ -456,21 +454,6 @@ class HealthListener final : public EventListener {
     tenantfs_store_flush_begins(health_);
   }
 
-  // A flush completed while the store moves to new files (a key rotation lowered the
-  // MANIFEST's size limits so that the next edit starts a new MANIFEST: TenantDb::
-  // start_new_files): that edit is written, so the limits go back to RocksDB's defaults
-  // (tenantfs sets neither). SetDBOptions takes the DB mutex, which is not held during this
-  // call, and waits for no background work when only these two options change.
-  void OnFlushCompleted(DB* db, const ROCKSDB_NAMESPACE::FlushJobInfo&) override {
-    if (!tenantfs_store_take_manifest_limits(health_)) return;
-    const ROCKSDB_NAMESPACE::DBOptions defaults;
-    Status s = db->SetDBOptions(
-        {{"max_manifest_file_size", std::to_string(defaults.max_manifest_file_size)},
-         {"max_manifest_space_amp_pct",
-          std::to_string(defaults.max_manifest_space_amp_pct)}});
-    if (!s.ok()) tenantfs_store_manifest_limits_lowered(health_);
-  }
-
   // The store's background work, reported as it moves bytes (the tenant is charged for it:
   // src/store/background.rs): every table and blob file a flush or compaction writes, and
   // what a compaction read.
@@ -676,6 +659,17 @@ char* tenantfs_db_rewrite_options(rocksdb_t* db) {
 // The store's max_manifest_file_size now (a key rotation lowers it until a flush completes).
 uint64_t tenantfs_db_max_manifest_file_size(rocksdb_t* db) {
   return db->rep->GetDBOptions().max_manifest_file_size;
+}
+
+// The number of the MANIFEST the store appends to now; 0 if it cannot be told.
+uint64_t tenantfs_db_manifest_number(rocksdb_t* db) {
+  std::vector<std::string> files;
+  uint64_t size = 0;
+  if (!db->rep->GetLiveFiles(files, &size, /*flush_memtable=*/false).ok()) return 0;
+  for (const std::string& f : files) {
+    if (f.rfind("/MANIFEST-", 0) == 0) return strtoull(f.c_str() + 10, nullptr, 10);
+  }
+  return 0;
 }
 
 // Deletes blob files that no version of the store references: the partial output of a flush

@@ -103,6 +103,8 @@ pub struct TenantDb {
     blob_keys: Option<BlobCacheKeys>,
     /// The encrypted Env the store and its extent files use (none for plaintext benchmarks).
     _env: Option<rocksdb::Env>,
+    /// The MANIFEST's size limits while key rotations move the store to new files.
+    manifest_roll: super::manifest_roll::ManifestRoll,
 }
 
 impl Drop for TenantDb {
@@ -114,14 +116,14 @@ impl Drop for TenantDb {
     }
 }
 
-/// A store's MANIFEST size limits, lowered ([`TenantDb::lower_manifest_limits`]); once this
-/// is dropped, the next flush that completes raises them back.
+/// A store's MANIFEST size limits, held lowered ([`TenantDb::lower_manifest_limits`]) until
+/// this is dropped (after [`TenantDb::start_new_files`] has switched the memtable).
 #[must_use = "lowered for start_new_files"]
-pub struct ManifestLimitsLowered(Arc<StoreHealth>);
+pub struct ManifestLimitsLowered<'a>(&'a TenantDb);
 
-impl Drop for ManifestLimitsLowered {
+impl Drop for ManifestLimitsLowered<'_> {
     fn drop(&mut self) {
-        self.0.manifest_limits_lowered();
+        self.0.manifest_roll.release();
     }
 }
 
@@ -246,6 +248,7 @@ impl TenantDb {
             extents,
             blob_keys,
             _env: env,
+            manifest_roll: Default::default(),
         })
     }
 
@@ -691,21 +694,30 @@ impl TenantDb {
         }
     }
 
-    /// Lowers the MANIFEST's size limits, so that its next edit starts a new MANIFEST
-    /// (RocksDB starts one at an edit when the current one is past its limit), for
-    /// [`Self::start_new_files`]; the limits go back to RocksDB's defaults after the first
-    /// flush that completes once the returned value is gone. (About 5 ms: RocksDB writes
-    /// its OPTIONS file again; a fork does it while its checkpoint is taken.)
-    pub fn lower_manifest_limits(&self) -> Result<ManifestLimitsLowered, StoreError> {
-        super::ffi::set_db_options(
-            &self.db,
-            &[
-                ("max_manifest_file_size", "1"),
-                ("max_manifest_space_amp_pct", "0"),
-            ],
-        )
-        .map_err(|detail| StoreError::from_detail(&self.tenant, "set options", detail))?;
-        Ok(ManifestLimitsLowered(Arc::clone(&self.health)))
+    /// Lowers the MANIFEST's size limits, so that its next edit starts a new MANIFEST, for
+    /// [`Self::start_new_files`] (`manifest_roll`). They are raised back by
+    /// [`Self::raise_manifest_limits`] once the returned value is gone and the store has
+    /// moved to a new MANIFEST. (About 5 ms: RocksDB writes its OPTIONS file again; a fork
+    /// does it while its checkpoint is taken.)
+    pub fn lower_manifest_limits(&self) -> Result<ManifestLimitsLowered<'_>, StoreError> {
+        self.manifest_roll
+            .lower(&self.db)
+            .map_err(|detail| StoreError::from_detail(&self.tenant, "set options", detail))?;
+        Ok(ManifestLimitsLowered(self))
+    }
+
+    /// Raises the MANIFEST's size limits back to RocksDB's defaults once no key rotation
+    /// holds them lowered and the store has moved to a new MANIFEST (the daemon calls this
+    /// every second, [`Self::flush`] after flushing); until then every edit starts a new
+    /// MANIFEST, which costs a few KiB written and is never wrong.
+    pub fn raise_manifest_limits(&self) {
+        if let Err(e) = self.manifest_roll.raise_if_rolled(&self.db) {
+            tracing::warn!(
+                tenant = %self.tenant,
+                error = %e,
+                "cannot raise the MANIFEST limits; will retry"
+            );
+        }
     }
 
     /// Starts new files for everything written from now on (`lowered`: this store's
@@ -713,35 +725,38 @@ impl TenantDb {
     /// marker (`marker`, under a key of its own in `Meta`) written and that memtable
     /// switched, so RocksDB moves to a new WAL at once (it does so only with a memtable that
     /// holds something) and flushes the old one in the background (its edit is the
-    /// MANIFEST's next: a new MANIFEST, after which the listener raises the limits back);
+    /// MANIFEST's next: a new MANIFEST, after which [`Self::raise_manifest_limits`] raises
+    /// the limits back);
     /// and the open extent file closed. After a key rotation, every file the store writes or
     /// appends to afterwards is under the new key.
     pub fn start_new_files(
         &self,
         marker: &[u8],
-        lowered: ManifestLimitsLowered,
+        lowered: ManifestLimitsLowered<'_>,
     ) -> Result<(), StoreError> {
         assert!(
-            Arc::ptr_eq(&lowered.0, &self.health),
+            std::ptr::eq(lowered.0, self),
             "the MANIFEST limits of another store"
         );
         // A flush or compaction running now writes files it opened under the old key.
         super::ffi::wait_for_running_background_work(&self.db)
             .map_err(|detail| StoreError::from_detail(&self.tenant, "wait", detail))?;
-        let switched = self
-            .put(Family::Meta, b"!files-started", marker)
-            .and_then(|()| {
-                let mut switch = rocksdb::FlushOptions::default();
-                switch.set_wait(false);
-                self.db
-                    .flush_cf_opt(self.cf(Family::Meta), &switch)
-                    .map_err(|e| self.write_error("flush", e))
-            });
-        // Only now (whatever the outcome): a flush that completed before the switch would
-        // raise them too early. (One that completes between the switch and here leaves them
-        // low until the next.)
+        self.put(Family::Meta, b"!files-started", marker)?;
+        // A MANIFEST other than this one was started by an edit made after the switch.
+        self.manifest_roll.switching(&self.db);
+        let mut switch = rocksdb::FlushOptions::default();
+        switch.set_wait(false);
+        match self.db.flush_cf_opt(self.cf(Family::Meta), &switch) {
+            Ok(()) => {}
+            // Writes stopped (a stall): a flush that does not wait is refused; one that
+            // waits switches once they go on.
+            Err(e) if e.kind() == rocksdb::ErrorKind::TryAgain => self
+                .db
+                .flush_cf(self.cf(Family::Meta))
+                .map_err(|e| self.write_error("flush", e))?,
+            Err(e) => return Err(self.write_error("flush", e)),
+        }
         drop(lowered);
-        switched?;
         self.extents.close_if_idle(std::time::Duration::ZERO)?;
         Ok(())
     }
@@ -758,7 +773,9 @@ impl TenantDb {
         let cfs: Vec<_> = Family::ALL.iter().map(|f| self.cf(*f)).collect();
         self.db
             .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())
-            .map_err(|e| self.write_error("flush", e))
+            .map_err(|e| self.write_error("flush", e))?;
+        self.raise_manifest_limits();
+        Ok(())
     }
 
     /// Compacts the extents family fully and garbage-collects every blob file: live file data
