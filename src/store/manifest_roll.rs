@@ -40,6 +40,15 @@ struct State {
     switched_beside: Option<u64>,
 }
 
+impl State {
+    /// Notes the MANIFEST the store appends to now (kept as it was if RocksDB cannot tell).
+    fn note_manifest(&mut self, db: &rocksdb::DB) {
+        if let Some(n) = super::ffi::manifest_number(db) {
+            self.switched_beside = Some(n);
+        }
+    }
+}
+
 impl ManifestRoll {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -49,20 +58,29 @@ impl ManifestRoll {
     /// unless they are lowered already).
     pub(crate) fn lower(&self, db: &rocksdb::DB) -> Result<(), String> {
         let mut state = self.state();
-        super::ffi::set_db_options(db, &LOWERED)?;
+        state.note_manifest(db);
+        if let Err(e) = super::ffi::set_db_options(db, &LOWERED) {
+            // RocksDB may have taken them and failed to write its OPTIONS file only.
+            state.to_raise = true;
+            return Err(e);
+        }
         state.holders += 1;
-        state.switched_beside = super::ffi::manifest_number(db);
         Ok(())
     }
 
     /// A rotation is about to switch its memtable: notes the MANIFEST of now.
     pub(crate) fn switching(&self, db: &rocksdb::DB) {
-        self.state().switched_beside = super::ffi::manifest_number(db);
+        self.state().note_manifest(db);
     }
 
-    /// A rotation lets go of the limits (switched or failed).
-    pub(crate) fn release(&self) {
+    /// A rotation lets go of the limits, `switched` or not. One that failed before its
+    /// switch notes the MANIFEST of now: one started since its lowering (a fork's
+    /// checkpoint flushes with the limits low, under the old key) is not a move.
+    pub(crate) fn release(&self, db: &rocksdb::DB, switched: bool) {
         let mut state = self.state();
+        if !switched {
+            state.note_manifest(db);
+        }
         state.holders = state.holders.saturating_sub(1);
         state.to_raise = true;
     }
@@ -74,8 +92,8 @@ impl ManifestRoll {
         if state.holders > 0 || !state.to_raise {
             return Ok(false);
         }
-        match super::ffi::manifest_number(db) {
-            Some(now) if Some(now) != state.switched_beside => {
+        match (super::ffi::manifest_number(db), state.switched_beside) {
+            (Some(now), Some(beside)) if now != beside => {
                 super::ffi::set_db_options(db, &DEFAULTS)?;
                 state.to_raise = false;
                 Ok(true)

@@ -644,8 +644,8 @@ char* tenantfs_db_rewrite_identity(rocksdb_t* db) {
 
 // Writes the store's OPTIONS file again, twice (RocksDB keeps the newest two): none written
 // under an older key is left. RocksDB writes it only when an option changes: the LOG's stats
-// period goes one second up and back (tenantfs sets it nowhere else, so this races with
-// nothing; a dump of stats to the LOG is all it does).
+// period goes one second up and back (tenantfs sets it nowhere else; a dump of stats to the
+// LOG is all it does).
 char* tenantfs_db_rewrite_options(rocksdb_t* db) {
   DB* d = db->rep;
   const unsigned int period = d->GetDBOptions().stats_dump_period_sec;

@@ -119,11 +119,14 @@ impl Drop for TenantDb {
 /// A store's MANIFEST size limits, held lowered ([`TenantDb::lower_manifest_limits`]) until
 /// this is dropped (after [`TenantDb::start_new_files`] has switched the memtable).
 #[must_use = "lowered for start_new_files"]
-pub struct ManifestLimitsLowered<'a>(&'a TenantDb);
+pub struct ManifestLimitsLowered<'a> {
+    db: &'a TenantDb,
+    switched: bool,
+}
 
 impl Drop for ManifestLimitsLowered<'_> {
     fn drop(&mut self) {
-        self.0.manifest_roll.release();
+        self.db.manifest_roll.release(&self.db.db, self.switched);
     }
 }
 
@@ -703,7 +706,10 @@ impl TenantDb {
         self.manifest_roll
             .lower(&self.db)
             .map_err(|detail| StoreError::from_detail(&self.tenant, "set options", detail))?;
-        Ok(ManifestLimitsLowered(self))
+        Ok(ManifestLimitsLowered {
+            db: self,
+            switched: false,
+        })
     }
 
     /// Raises the MANIFEST's size limits back to RocksDB's defaults once no key rotation
@@ -732,10 +738,10 @@ impl TenantDb {
     pub fn start_new_files(
         &self,
         marker: &[u8],
-        lowered: ManifestLimitsLowered<'_>,
+        mut lowered: ManifestLimitsLowered<'_>,
     ) -> Result<(), StoreError> {
         assert!(
-            std::ptr::eq(lowered.0, self),
+            std::ptr::eq(lowered.db, self),
             "the MANIFEST limits of another store"
         );
         // A flush or compaction running now writes files it opened under the old key.
@@ -756,6 +762,7 @@ impl TenantDb {
                 .map_err(|e| self.write_error("flush", e))?,
             Err(e) => return Err(self.write_error("flush", e)),
         }
+        lowered.switched = true;
         drop(lowered);
         self.extents.close_if_idle(std::time::Duration::ZERO)?;
         Ok(())

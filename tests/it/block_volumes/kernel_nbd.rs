@@ -80,12 +80,17 @@ across_kill $DEV
 across_kill $DEV --rw=write --bs=1M --size=96M && echo "1M writes passed across the kill"
 # A daemon frozen past the request timeout: the kernel gives the socket up, the daemon gives
 # it a new one when it runs again, and the requeued requests complete.
+# (Frozen once fio's writes reach the device: fio can take seconds to start under TCG, and
+# requests sent less than the timeout before the daemon goes on never time out.)
 fio_verify frozen $DEV --rw=randwrite --bs=4k --size=16M --iodepth=8
-sleep 1
+writes() { awk '{print $5}' /sys/block/${DEV#/dev/}/stat; }
+before=$(writes)
+for i in $(seq 300); do [ $(writes) -gt $before ] && break; sleep 0.1; done
 kill -STOP $DAEMON
 sleep 7
 kill -CONT $DAEMON
 fio_passed frozen && echo "fio passed across a frozen daemon"
+for i in $(seq 100); do grep -q "gave it a new one" /tmp/daemon.log && break; sleep 0.1; done
 grep -q "gave it a new one" /tmp/daemon.log && echo "the daemon replaced the socket"
 # Large writes across a stop.
 across_stop $DEV 1M
