@@ -81,6 +81,66 @@ fn a_snapshot_restores_what_was_written_before_it_as_often_as_asked() {
 /// Bulk data written and not synced (it skips the WAL: only a memtable holds it) is in a
 /// snapshot taken after it, as every write before the call is: the checkpoint flushes
 /// rather than copy the WALs then.
+/// A table file at the filesystem's link limit (ext4: 65,000 links; a base's template gets
+/// there with enough tenants) is copied into a snapshot instead of linked, and the snapshot
+/// restores.
+#[test]
+fn a_table_file_at_the_link_limit_is_copied_into_a_snapshot() {
+    let store = TestStore::new();
+    let root = store.root().to_owned();
+    let vol = store.open();
+    write_file(&vol, b"a", b"small");
+    vol.fsync().unwrap();
+    vol.tenant().db().flush().unwrap();
+    let db = vol.tenant().db().path().to_owned();
+    let table = std::fs::read_dir(&db)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "sst"))
+        .unwrap();
+    let links = root.join("links");
+    std::fs::create_dir(&links).unwrap();
+    for n in 0.. {
+        match std::fs::hard_link(&table, links.join(n.to_string())) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EMLINK) => break,
+            Err(e) => panic!("{e}"),
+        }
+        if n == 100_000 {
+            eprintln!("skipped: {} has no link limit", root.display());
+            return;
+        }
+    }
+    create(&root, vol.tenant(), "s").unwrap();
+    let name = table.file_name().unwrap();
+    let copies: Vec<_> = walk(&tenant_dir(&root).join("snapshots"))
+        .into_iter()
+        .filter(|p| p.file_name() == Some(name))
+        .collect();
+    assert_eq!(copies.len(), 1, "{copies:?}");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&copies[0]).unwrap().nlink(), 1, "a copy");
+    drop(vol);
+    std::fs::remove_dir_all(&links).unwrap();
+    restore(&root, "t", "s").unwrap();
+    let vol = store.open();
+    assert_eq!(read_file(&vol, b"a").unwrap(), b"small");
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
 #[test]
 fn a_snapshot_holds_bulk_data_written_before_it_and_not_synced() {
     let store = TestStore::new();

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -322,6 +323,19 @@ class PipelinedWriteFs final : public FileSystemWrapper {
         provider_(std::move(provider)) {}
 
   const char* Name() const override { return "TenantfsPipelinedWriteFs"; }
+
+  // A file at the filesystem's link limit (EMLINK: 65,000 links on ext4, which a base's
+  // template reaches when every tenant of the base, their snapshots and forks link it)
+  // cannot be linked again: "not supported" makes RocksDB's checkpoint copy it, and the
+  // files after it, instead (through this file system: decrypted, sealed again).
+  IOStatus LinkFile(const std::string& src, const std::string& dst, const IOOptions& options,
+                    IODebugContext* dbg) override {
+    IOStatus s = target()->LinkFile(src, dst, options, dbg);
+    if (!s.ok() && s.ToString().find(std::strerror(EMLINK)) != std::string::npos) {
+      return IOStatus::NotSupported("at the link limit, copied instead: " + src);
+    }
+    return s;
+  }
 
   IOStatus NewWritableFile(const std::string& fname, const FileOptions& options,
                            std::unique_ptr<FSWritableFile>* result,
