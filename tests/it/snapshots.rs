@@ -1,7 +1,9 @@
 //! Snapshots through the real binary: of a tenant mounted through the daemon while a writer
 //! fsyncs records into it (the restore holds every record synced before the call, and
-//! nothing written after it), of a closed tenant, and the refusals (restore while mounted,
-//! unknown names, a name taken twice).
+//! nothing written after it) and while fio runs a verify job in it (the restore and the forks
+//! hold a prefix of fio's blocks that fio's own verify passes, from every block synced before
+//! the call to none written after), of a closed tenant, and the refusals (restore while
+//! mounted, unknown names, a name taken twice).
 
 use std::io::BufRead;
 use std::path::Path;
@@ -219,6 +221,167 @@ fn a_mounted_tenant_is_snapshotted_while_written_and_restores_what_was_synced_be
     h.ok(&["umount", mp.to_str().unwrap()]);
     drop(guard);
     d.terminate_cleanly(&[&mp]);
+}
+
+/// fio's blocks: 64 KiB, written in order, each with a crc32c header that names its offset.
+const FIO_BLOCK: usize = 64 << 10;
+
+/// fio's sequential verify job over `bytes` of `file`, with `more` options.
+fn fio_job(file: &Path, bytes: usize, more: &[&str]) -> std::process::Command {
+    let mut c = cmd(
+        "fio",
+        &[
+            "--name=verify",
+            "--rw=write",
+            "--bs=64k",
+            "--ioengine=psync",
+            "--verify=crc32c",
+            "--verify_state_save=0",
+        ],
+    );
+    c.arg(format!("--filename={}", file.display()))
+        .arg(format!("--size={bytes}"))
+        .args(more);
+    c
+}
+
+/// How many of fio's blocks `file` (holes where fio has not written) holds: the blocks up to
+/// the last one with data, none of them a hole.
+fn fio_blocks(file: &Path) -> usize {
+    let data = std::fs::read(file).unwrap();
+    let written: Vec<bool> = data
+        .chunks(FIO_BLOCK)
+        .map(|b| b.iter().any(|&x| x != 0))
+        .collect();
+    let n = written.iter().rposition(|&w| w).map_or(0, |i| i + 1);
+    assert!(
+        written[..n].iter().all(|&w| w),
+        "{}: a hole among its first {n} blocks",
+        file.display()
+    );
+    n
+}
+
+/// How many blocks fio has written into `file` so far, found by bisection (fio writes them in
+/// order, so the written ones are a prefix; a full read would take longer than the calls it
+/// brackets).
+fn fio_frontier(file: &Path) -> usize {
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::File::open(file).unwrap();
+    let mut block = vec![0; FIO_BLOCK];
+    let mut written = |i: usize| {
+        f.read_exact_at(&mut block, (i * FIO_BLOCK) as u64).unwrap();
+        block.iter().any(|&x| x != 0)
+    };
+    let (mut lo, mut hi) = (0, f.metadata().unwrap().len() as usize / FIO_BLOCK);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if written(mid) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// `file` holds fio's first `blocks` blocks, each as fio wrote it (fio's own verify, run on
+/// them alone).
+fn fio_verifies(file: &Path, blocks: usize) {
+    let out = crate::common::process::check(&mut fio_job(
+        file,
+        blocks * FIO_BLOCK,
+        &["--verify_only", "--output-format=terse"],
+    ));
+    assert!(!out.is_empty(), "fio printed nothing");
+}
+
+/// fio writes 64 KiB blocks in order, fsyncing each before the next, into a tenant served by
+/// the daemon, and verifies them all at the end; a snapshot and a fork taken while it runs
+/// hold, after a restore and in the fork, a prefix of its blocks: every block fsync'd before
+/// the call (all but the one in flight when the call began), none written after it returned,
+/// and each of them passes fio's verify.
+#[test]
+fn a_snapshot_and_a_fork_under_a_fio_verify_job_hold_what_was_synced_before_the_call() {
+    let h = Host::new("snap-fio");
+    h.create_tenant("t");
+    let (mp, mf) = (h.dir("m"), h.dir("mf"));
+    let mut d = start_daemon(&h, &h.root().join("notify"));
+    let mount = |name: &str, at: &Path| {
+        h.ok(&["mount", name, at.to_str().unwrap()]);
+        h.guard(name, at, d.0.id())
+    };
+    let umount = |at: &Path, guard| {
+        h.ok(&["umount", at.to_str().unwrap()]);
+        drop(guard);
+    };
+    let guard = mount("t", &mp);
+    let file = mp.join("fio.dat");
+    let size = 128 << 20;
+    std::fs::File::create(&file)
+        .unwrap()
+        .set_len(size as u64)
+        .unwrap();
+    let out = h.root().join("fio.out");
+    let mut fio = fio_job(
+        &file,
+        size,
+        &[
+            "--fsync=1",
+            "--rate=16m",
+            "--do_verify=1",
+            &format!("--output={}", out.display()),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let running = |fio: &mut std::process::Child, at: &str| {
+        assert!(
+            fio.try_wait().unwrap().is_none(),
+            "fio ended before {at}: {}",
+            std::fs::read_to_string(&out).unwrap_or_default()
+        );
+    };
+    // Each call between the blocks fio had written before it and those it had written after.
+    let mut during = |args: &[&str], says: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let start = fio_frontier(&file);
+        while fio_frontier(&file) < start + 16 {
+            assert!(Instant::now() < deadline, "fio is stuck at {start} blocks");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let before = fio_frontier(&file);
+        let reply = h.ok(args);
+        let after = fio_frontier(&file);
+        assert!(reply.contains(says), "{reply}");
+        running(&mut fio, args[1]);
+        (before, after)
+    };
+    let snap = during(&["snapshot", "create", "t", "s1"], "while it is served");
+    let fork = during(&["tenant", "fork", "t", "f"], "while it is served");
+    let status = fio.wait().unwrap();
+    let report = std::fs::read_to_string(&out).unwrap();
+    assert!(status.success() && report.contains("err= 0"), "{report}");
+    assert_eq!(fio_blocks(&file), size / FIO_BLOCK);
+    umount(&mp, guard);
+
+    h.ok(&["tenant", "restore", "t", "--snapshot", "s1"]);
+    h.ok(&["tenant", "fork", "t", "g", "--snapshot", "s1"]);
+    let mut held = Vec::new();
+    for (name, (before, after)) in [("t", snap), ("f", fork), ("g", snap)] {
+        let guard = mount(name, &mf);
+        let blocks = fio_blocks(&mf.join("fio.dat"));
+        assert!(
+            before - 1 <= blocks && blocks <= after,
+            "{name} holds {blocks} blocks; fio had written {before} when the call began and \
+             {after} when it returned"
+        );
+        fio_verifies(&mf.join("fio.dat"), blocks);
+        held.push(blocks);
+        umount(&mf, guard);
+    }
+    assert_eq!(held[0], held[2], "the restore and the fork of s1 differ");
+    d.terminate_cleanly(&[]);
 }
 
 #[test]
