@@ -55,6 +55,14 @@ pub enum ControlError {
     },
     #[error("control socket {path}: {detail}")]
     Protocol { path: PathBuf, detail: String },
+    /// The server sent nothing, not even the spaces it sends while it works, for `secs`.
+    #[error(
+        "the process serving {path} has sent nothing for {secs} s (it sends a space every \
+         {keepalive} s while it works on a request): it is stopped or stuck; see its log, and \
+         restart it if it does not recover (the request may still complete there)",
+        keepalive = super::server::KEEPALIVE.as_secs()
+    )]
+    Silent { path: PathBuf, secs: u64 },
     #[error("{path}: {refusal}")]
     Refused { path: PathBuf, refusal: Refusal },
 }
@@ -79,10 +87,15 @@ impl ControlError {
     }
 }
 
+/// How long a server may stay silent before a call fails: several of its keep-alive spaces.
+const PATIENCE: Duration = Duration::from_secs(60);
+
 /// One serving process's control socket, with one typed call per request.
 #[derive(Clone, Debug)]
 pub struct Client {
     path: PathBuf,
+    /// How long the server may stay silent before the call fails.
+    patience: Duration,
 }
 
 /// One typed call: sends the request and takes the reply of the variant it answers with.
@@ -97,7 +110,17 @@ macro_rules! call {
 
 impl Client {
     pub fn new(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+        Self {
+            path: path.into(),
+            patience: PATIENCE,
+        }
+    }
+
+    /// This client, failing a call once the server was silent for `patience`.
+    #[cfg(test)]
+    pub(crate) fn with_patience(mut self, patience: Duration) -> Self {
+        self.patience = patience;
+        self
     }
 
     pub fn path(&self) -> &Path {
@@ -248,13 +271,10 @@ impl Client {
         let path = &self.path;
         let mut stream =
             UnixStream::connect(path).map_err(|source| ControlError::connect(path, source))?;
-        // A rewrite of a tenant's files takes as long as its data does: no limit.
-        let patience = match req {
-            Request::RotateKey { rewrite: true, .. } => None,
-            _ => Some(Duration::from_secs(60)),
-        };
+        // A long request (a rewrite takes as long as the tenant's data) keeps the server
+        // sending spaces: the limit is on its silence.
         stream
-            .set_read_timeout(patience)
+            .set_read_timeout(Some(self.patience))
             .map_err(|e| self.protocol(e.to_string()))?;
         let mut line = serde_json::to_string(req).map_err(|e| self.protocol(e.to_string()))?;
         line.push('\n');
@@ -264,7 +284,15 @@ impl Client {
         let mut answer = String::new();
         BufReader::new(&stream)
             .read_line(&mut answer)
-            .map_err(|e| self.protocol(e.to_string()))?;
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                    ControlError::Silent {
+                        path: path.to_owned(),
+                        secs: self.patience.as_secs(),
+                    }
+                }
+                _ => self.protocol(e.to_string()),
+            })?;
         let resp: Response = serde_json::from_str(&answer)
             .map_err(|e| self.protocol(format!("bad response: {e}")))?;
         match resp.into_result() {

@@ -34,10 +34,23 @@ pub struct Server {
 
 const MAX_REQUEST: u64 = 64 << 10;
 
+/// How often a connection whose request is still being worked on gets a space (see
+/// [`answer_keeping_alive`]); clients give up after a silence of several of these.
+pub const KEEPALIVE: Duration = Duration::from_secs(5);
+
 impl Server {
     /// Listens on `path`. A socket file left by a dead process is replaced; one that a live
     /// process answers on is an error (two servers for one mount).
     pub fn start(path: &Path, handler: Handler) -> std::io::Result<Self> {
+        Self::start_with_keepalive(path, handler, KEEPALIVE)
+    }
+
+    /// [`Server::start`], with spaces every `keepalive` while a request is worked on.
+    fn start_with_keepalive(
+        path: &Path,
+        handler: Handler,
+        keepalive: Duration,
+    ) -> std::io::Result<Self> {
         if let Some(dir) = path.parent().filter(|d| !d.exists()) {
             // Only a directory made here is made private; an existing one (/run) is left be.
             std::fs::create_dir_all(dir)?;
@@ -66,7 +79,7 @@ impl Server {
             let stop = stop.clone();
             std::thread::Builder::new()
                 .name("tenantfs-control".into())
-                .spawn(move || accept_loop(listener, handler, stop))?
+                .spawn(move || accept_loop(listener, handler, stop, keepalive))?
         };
         Ok(Self {
             path: path.to_owned(),
@@ -158,7 +171,12 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
         .map(|m| (m.dev(), m.ino()))
 }
 
-fn accept_loop(listener: UnixListener, handler: Handler, stop: Arc<AtomicBool>) {
+fn accept_loop(
+    listener: UnixListener,
+    handler: Handler,
+    stop: Arc<AtomicBool>,
+    keepalive: Duration,
+) {
     for conn in listener.incoming() {
         if stop.load(Ordering::Acquire) {
             break;
@@ -170,7 +188,7 @@ fn accept_loop(listener: UnixListener, handler: Handler, stop: Arc<AtomicBool>) 
                 let spawned = std::thread::Builder::new()
                     .name("tenantfs-control-conn".into())
                     .spawn(move || {
-                        if let Err(e) = serve_one(stream, &handler) {
+                        if let Err(e) = serve_one(stream, &handler, keepalive) {
                             tracing::debug!(error = %e, "control connection ended with an error");
                         }
                     });
@@ -191,7 +209,7 @@ pub(crate) fn peer_allowed(peer_uid: u32, server_uid: u32) -> bool {
     peer_uid == 0 || peer_uid == server_uid
 }
 
-fn serve_one(stream: UnixStream, handler: &Handler) -> std::io::Result<()> {
+fn serve_one(stream: UnixStream, handler: &Handler, keepalive: Duration) -> std::io::Result<()> {
     use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let cred = getsockopt(&stream, PeerCredentials).map_err(std::io::Error::from)?;
@@ -218,14 +236,16 @@ fn serve_one(stream: UnixStream, handler: &Handler) -> std::io::Result<()> {
             Ok(req) => {
                 let h = handler.clone();
                 let shown = format!("{req:?}");
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || h(req)))
-                    .unwrap_or_else(|_| {
-                        tracing::error!(request = %shown, "control request panicked");
-                        Err(Refusal::new(
-                            RefusalCode::Internal,
-                            format!("internal error while serving {shown}"),
-                        ))
-                    })
+                answer_keeping_alive(&mut out, keepalive, move || {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || h(req)))
+                        .unwrap_or_else(|_| {
+                            tracing::error!(request = %shown, "control request panicked");
+                            Err(Refusal::new(
+                                RefusalCode::Internal,
+                                format!("internal error while serving {shown}"),
+                            ))
+                        })
+                })?
             }
         }
     };
@@ -233,6 +253,36 @@ fn serve_one(stream: UnixStream, handler: &Handler) -> std::io::Result<()> {
     let mut text = serde_json::to_string(&response).map_err(std::io::Error::other)?;
     text.push('\n');
     out.write_all(text.as_bytes())
+}
+
+/// Runs `answer` on a thread of its own and writes a space to `out` every `keepalive` until
+/// it returns. JSON takes whitespace before a value, so the client reads the spaces as the
+/// start of the reply line, and its read timeout measures the server's silence, not the
+/// request's length: a rewrite of a large store is waited for, a stopped server is not. A
+/// client that went away stops the spaces; the answer is still worked out to the end.
+fn answer_keeping_alive<T: Send>(
+    out: &mut UnixStream,
+    keepalive: Duration,
+    answer: impl FnOnce() -> T + Send,
+) -> std::io::Result<T> {
+    use std::sync::mpsc::RecvTimeoutError;
+    std::thread::scope(|s| {
+        let (done, finished) = std::sync::mpsc::channel();
+        let worker = std::thread::Builder::new()
+            .name("tenantfs-control-req".into())
+            .spawn_scoped(s, move || {
+                let answer = answer();
+                let _ = done.send(());
+                answer
+            })?;
+        let mut listening = true;
+        while let Err(RecvTimeoutError::Timeout) = finished.recv_timeout(keepalive) {
+            listening = listening && out.write_all(b" ").is_ok();
+        }
+        Ok(worker
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
+    })
 }
 
 #[cfg(test)]
@@ -300,6 +350,44 @@ mod tests {
         assert_eq!(ask(&handle.path()).as_deref(), Some("first"));
         assert!(drop_ends(first, 30));
         drop(second);
+    }
+
+    /// A server that takes `secs` to refuse each request, sending spaces every `keepalive`.
+    fn slow_server(path: &Path, secs: f64, keepalive: Duration) -> Server {
+        let slow: Handler = Arc::new(move |_| {
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            Err(Refusal::new(RefusalCode::BadRequest, "slow"))
+        });
+        Server::start_with_keepalive(path, slow, keepalive).unwrap()
+    }
+
+    /// A request worked on for longer than the client's patience is answered: the spaces
+    /// the server sends meanwhile are read as the reply's leading whitespace.
+    #[test]
+    fn a_long_request_is_answered_past_the_clients_patience() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let server = slow_server(&path, 2.5, Duration::from_millis(200));
+        let client = super::super::Client::new(&path).with_patience(Duration::from_secs(1));
+        let e = client.call(&Request::Stats).unwrap_err();
+        assert_eq!(e.refusal().map(|r| r.message.as_str()), Some("slow"), "{e}");
+        assert!(drop_ends(server, 30));
+    }
+
+    /// A server that sends nothing for the client's patience fails the call with what to
+    /// do, rather than hanging it.
+    #[test]
+    fn a_silent_server_fails_the_call_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("control.sock");
+        let server = slow_server(&path, 2.5, Duration::from_secs(30));
+        let client = super::super::Client::new(&path).with_patience(Duration::from_secs(1));
+        let e = client.call(&Request::Stats).unwrap_err().to_string();
+        assert!(
+            e.contains("has sent nothing for 1 s") && e.contains("stopped or stuck"),
+            "{e}"
+        );
+        assert!(drop_ends(server, 30));
     }
 
     #[test]
