@@ -48,4 +48,6 @@ pub fn fork(
 }
 
 #[cfg(test)]
+mod key_and_delete_kills;
+#[cfg(test)]
 mod tests;

@@ -39,12 +39,18 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> std::io::Res
 /// Removes the directories in `dir` that a create or a delete left when it was killed:
 /// `.creating-NAME-PID` and `.deleting-NAME-PID`, for `name` (or any name), of a process that
 /// is gone, or of this one when `own` (the caller knows none of this process's is under way).
-pub(crate) fn remove_leftovers(dir: &Path, name: Option<&str>, own: bool) -> std::io::Result<()> {
+/// Returns how many it removed.
+pub(crate) fn remove_leftovers(
+    dir: &Path,
+    name: Option<&str>,
+    own: bool,
+) -> std::io::Result<usize> {
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(e),
     };
+    let mut removed = 0;
     for entry in entries.flatten() {
         let file_name = entry.file_name().to_string_lossy().into_owned();
         let Some(rest) = file_name
@@ -64,9 +70,10 @@ pub(crate) fn remove_leftovers(dir: &Path, name: Option<&str>, own: bool) -> std
             });
         if left && name.is_none_or(|n| n == of) {
             fs::remove_dir_all(entry.path())?;
+            removed += 1;
         }
     }
-    Ok(())
+    Ok(removed)
 }
 
 /// Makes a directory's entries (creations, renames) durable.

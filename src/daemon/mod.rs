@@ -300,6 +300,11 @@ fn control_server(socket: &Path, handler: control::Handler) -> Result<Server, Da
 /// The caller must have blocked the shutdown signals before any thread started.
 pub fn run(data: DataDir, config: &Config, socket: &Path) -> Result<(), DaemonError> {
     raise_open_files_limit();
+    match crate::tenants::remove_leftovers(&data) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(n, "removed what killed creates and deletes of tenants left"),
+        Err(e) => tracing::warn!(error = %e, "cannot remove what killed tenant commands left"),
+    }
     let daemon = Daemon::new(data, config)?;
     // The ublk devices a previous daemon left (killed, or stopped with them attached), before
     // the socket takes requests: their held I/O goes on here.

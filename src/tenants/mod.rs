@@ -721,14 +721,31 @@ pub fn wait_until_closed(
     }
 }
 
+/// Removes the directories that creates and deletes of tenants killed on their way left
+/// aside under `tenants/` (of processes that are gone); returns how many. The daemon does
+/// this as it starts; a delete does it for its own name.
+pub fn remove_leftovers(data: &DataDir) -> Result<usize, TenantError> {
+    let root = data.tenants_dir();
+    crate::fs_util::remove_leftovers(&root, None, false).map_err(io_err(&root))
+}
+
 /// Deletes a tenant and all its data. Refuses while the tenant is open anywhere.
 pub fn delete(data: &DataDir, name: &str) -> Result<(), TenantError> {
-    let dir = tenant_dir(data.root(), name)?;
+    validate_name(name)?;
     let root = data.tenants_dir();
+    // A delete of this name killed after its rename (or a create killed before its own) left
+    // a directory aside: this one finishes it.
+    let finished =
+        crate::fs_util::remove_leftovers(&root, Some(name), false).map_err(io_err(&root))?;
+    let dir = match tenant_dir(data.root(), name) {
+        Err(TenantError::Unknown { .. }) if finished > 0 => return Ok(()),
+        dir => dir?,
+    };
     let lock = lock(data.root(), name)?;
     let doomed = root.join(format!(".deleting-{name}-{}", std::process::id()));
     fs::rename(&dir, &doomed).map_err(io_err(&dir))?;
     sync_dir(&root).map_err(io_err(&root))?;
+    fail::fail_point!("delete-renamed");
     drop(lock);
     fs::remove_dir_all(&doomed).map_err(io_err(&doomed))?;
     Ok(())
