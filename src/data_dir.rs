@@ -5,6 +5,10 @@
 //! ```text
 //! <data-dir>/master.key     the master key, only when `init` created it (mode 0600)
 //! <data-dir>/master.check   a record sealed under the master key; a different key fails to open it
+//! <data-dir>/keys.lock      held (flock) shared by every writer of a wrapped key or of a
+//!                           record holding one, exclusively by a master key rotation
+//! <data-dir>/master.rotation, master.key.next
+//!                           a master key rotation on its way (see `master_rotation`)
 //! <data-dir>/tenants/       one directory per tenant (see `tenants`)
 //! ```
 //!
@@ -22,8 +26,9 @@
 //! back: a new key would open nothing, so `init` refuses to make one there).
 
 use std::fs;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use crate::crypto::{KeyError, MasterKey};
 use crate::fs_util::write_atomic;
@@ -35,6 +40,12 @@ pub const DEFAULT_ROOT: &str = "/var/lib/tenantfs";
 
 const KEY_FILE: &str = "master.key";
 const CHECK_FILE: &str = "master.check";
+const KEYS_LOCK: &str = "keys.lock";
+/// A rotation's record (see `master_rotation`): its presence means one is on its way.
+pub(crate) const ROTATION_FILE: &str = "master.rotation";
+/// The new master key, in a data dir whose key lives in it, from the start of a rotation until
+/// it replaces `master.key`.
+pub(crate) const NEXT_KEY_FILE: &str = "master.key.next";
 const TENANTS: &str = "tenants";
 const CREDENTIAL_NAME: &str = "tenantfs-master-key";
 
@@ -62,6 +73,21 @@ pub enum DataDirError {
          nothing was changed; use the original key file"
     )]
     WrongKey { key: PathBuf, root: PathBuf },
+    #[error(
+        "data dir {root} moved to a new master key (a rotation to the key in {new_key} was \
+         committed): the key from {key} opens nothing there now; use the new key (and run \
+         `tenantfs key rotate-master --new-key {new_key}` again if the rotation did not finish)"
+    )]
+    Rotated {
+        key: PathBuf,
+        root: PathBuf,
+        new_key: PathBuf,
+    },
+    #[error(
+        "data dir {0} moved to a new master key while this process ran with the old one: \
+         nothing was changed; restart this process (its mounts come back under the new key)"
+    )]
+    StaleKey(PathBuf),
     #[error(transparent)]
     Key(#[from] KeyError),
     #[error("{path}: {source}")]
@@ -176,8 +202,12 @@ pub struct InitReport {
 /// An initialised data dir whose master key has been checked.
 pub struct DataDir {
     root: PathBuf,
-    master: MasterKey,
+    /// Replaced when this process rotates the master key (see `master_rotation`).
+    master: RwLock<Arc<MasterKey>>,
 }
+
+/// A hold on the data dir's keys (see [`DataDir::hold_keys`]); released when dropped.
+pub struct KeysHold(#[allow(dead_code)] nix::fcntl::Flock<fs::File>);
 
 impl DataDir {
     /// Creates the data dir and, when no key is given by flag or credential, a new master key
@@ -231,11 +261,17 @@ impl DataDir {
         if !source.path().exists() && matches!(source, KeySource::DataDir(_)) {
             return Err(no_key(root));
         }
-        let master = MasterKey::load(source.path())?;
-        verify(root, &source, &master)?;
+        let given = MasterKey::load(source.path())?;
+        let master = match verify(root, &source, &given) {
+            Ok(()) => given,
+            Err(e) => match committed_next_key(root)? {
+                Some(next) => next,
+                None => return Err(rotated(root, &source).unwrap_or(e)),
+            },
+        };
         Ok(Self {
             root: root.to_owned(),
-            master,
+            master: RwLock::new(Arc::new(master)),
         })
     }
 
@@ -243,8 +279,33 @@ impl DataDir {
         &self.root
     }
 
-    pub fn master_key(&self) -> &MasterKey {
-        &self.master
+    pub fn master_key(&self) -> Arc<MasterKey> {
+        Arc::clone(&self.master.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// From now on this process wraps and unwraps keys under `key` (a rotation it made).
+    pub(crate) fn set_master_key(&self, key: MasterKey) {
+        *self.master.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(key);
+    }
+
+    /// Holds the data dir's keys shared, for a change that writes a wrapped key or a record
+    /// that holds some: a master key rotation (which holds them exclusively) waits for it, and
+    /// it for the rotation. Refused when the data dir moved to another master key since this
+    /// process opened it: what it would wrap would open under no key.
+    pub fn hold_keys(&self) -> Result<KeysHold, DataDirError> {
+        let hold = hold_records(&self.root)?;
+        let check = self.root.join(CHECK_FILE);
+        let record = fs::read(&check).map_err(io_err(&check))?;
+        if !self.master_key().matches_check_record(&record) {
+            return Err(DataDirError::StaleKey(self.root.clone()));
+        }
+        Ok(hold)
+    }
+
+    /// Holds the data dir's keys alone: no other change of a key or record runs meanwhile,
+    /// in this process or any other.
+    pub(crate) fn hold_keys_alone(&self) -> Result<KeysHold, DataDirError> {
+        lock_keys(&self.root, nix::fcntl::FlockArg::LockExclusive)
     }
 
     /// The directory holding one directory per tenant.
@@ -256,6 +317,73 @@ impl DataDir {
 /// The tenants directory of a data dir (usable without the key, e.g. for listing).
 pub fn tenants_dir(root: &Path) -> PathBuf {
     root.join(TENANTS)
+}
+
+/// Holds the keys of the data dir at `root` shared, for a change of a record that holds
+/// wrapped keys and wraps none (it copies them as they are): [`DataDir::hold_keys`] without
+/// the check of this process's master key.
+pub(crate) fn hold_records(root: &Path) -> Result<KeysHold, DataDirError> {
+    lock_keys(root, nix::fcntl::FlockArg::LockShared)
+}
+
+fn lock_keys(root: &Path, how: nix::fcntl::FlockArg) -> Result<KeysHold, DataDirError> {
+    let path = root.join(KEYS_LOCK);
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    nix::fcntl::Flock::lock(file, how)
+        .map(KeysHold)
+        .map_err(|(_, errno)| io_err(&path)(errno.into()))
+}
+
+/// The key a rotation committed to but did not install yet ([`NEXT_KEY_FILE`]), once it is
+/// the data dir's key: it replaces `master.key` now (a rotation killed between its commit and
+/// that rename), and the rotation's rerun finishes the rest.
+fn committed_next_key(root: &Path) -> Result<Option<MasterKey>, DataDirError> {
+    let next = root.join(NEXT_KEY_FILE);
+    if !next.exists() {
+        return Ok(None);
+    }
+    let key = MasterKey::load(&next)?;
+    if verify(root, &KeySource::DataDir(next.clone()), &key).is_err() {
+        return Ok(None); // not committed: the old key is the data dir's
+    }
+    let installed = key_file(root);
+    match fs::rename(&next, &installed) {
+        // Installed meanwhile, by the rotation or another process opening the data dir.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        r => r.map_err(io_err(&next))?,
+    }
+    crate::fs_util::sync_dir(root).map_err(io_err(root))?;
+    tracing::warn!(
+        data_dir = %root.display(),
+        "a master key rotation was cut short after its commit: its new key is now {}; run \
+         `tenantfs key rotate-master --new-key {}` to finish it",
+        installed.display(),
+        installed.display()
+    );
+    Ok(Some(key))
+}
+
+/// The error for a key that is not the data dir's because a rotation moved it to another.
+fn rotated(root: &Path, source: &KeySource) -> Option<DataDirError> {
+    let text = fs::read(root.join(ROTATION_FILE)).ok()?;
+    let record: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    let committed_to = hex::decode(record["new_check"].as_str()?).ok()?;
+    let check = fs::read(root.join(CHECK_FILE)).ok()?;
+    if committed_to != check {
+        return None; // not committed: the old key is still the data dir's
+    }
+    Some(DataDirError::Rotated {
+        key: source.path().to_owned(),
+        root: root.to_owned(),
+        new_key: PathBuf::from(record["new_key"].as_str()?),
+    })
 }
 
 fn verify(root: &Path, source: &KeySource, master: &MasterKey) -> Result<(), DataDirError> {

@@ -24,6 +24,7 @@ pub mod fuse;
 pub mod host;
 pub mod io_limits;
 pub mod logging;
+pub mod master_rotation;
 pub mod metrics;
 pub mod nbd;
 pub mod pressure;

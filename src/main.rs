@@ -11,8 +11,8 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 use cli::{
-    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, SnapshotCommand, TenantCommand,
-    VolumeCommand,
+    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, KeyCommand, SnapshotCommand,
+    TenantCommand, VolumeCommand,
 };
 
 fn main() -> ExitCode {
@@ -79,6 +79,9 @@ fn run(cli: Cli) -> Result<()> {
         }) => cli::snapshot::fork(&cli, source, new, snapshot.as_deref()),
         Command::Tenant(TenantCommand::RotateKey { name, rewrite }) => {
             cli::snapshot::rotate_key(&cli, name, *rewrite)
+        }
+        Command::Key(KeyCommand::RotateMaster { new_key }) => {
+            cli::key::rotate_master(&cli, new_key)
         }
         Command::Snapshot(SnapshotCommand::Create { tenant, name }) => {
             cli::snapshot::create(&cli, tenant, name)

@@ -7,6 +7,7 @@
 //! (`pack`), found through an encrypted host index (`index`) with reference counts. The tree
 //! of each base is kept in the index too, for tenants created from it.
 
+pub(crate) mod host_keys;
 mod index;
 mod pack;
 mod reader;
@@ -106,6 +107,11 @@ pub enum BaseError {
         path: PathBuf,
         detail: String,
     },
+    #[error(
+        "the host's base keys ({path}) cannot be read: {detail}; restore that file from a \
+         backup (every base's packs are sealed under them)"
+    )]
+    HostKeys { path: PathBuf, detail: String },
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     #[error(transparent)]
@@ -114,6 +120,17 @@ pub enum BaseError {
     Volume(#[from] crate::volume::VolumeError),
     #[error(transparent)]
     Key(#[from] crate::crypto::KeyError),
+}
+
+/// Takes step `step` of a master key rotation on every key the base side keeps sealed under
+/// the master key: the host's pack and index keys and each template's key. The caller holds
+/// the data dir's keys alone. Returns how many records it wrote.
+pub(crate) fn reseal(
+    data: &crate::data_dir::DataDir,
+    step: crate::tenants::Reseal,
+) -> Result<usize, BaseError> {
+    host_keys::reseal(data, step)?;
+    Ok(1 + store::reseal_templates(data, step)?)
 }
 
 impl BaseError {

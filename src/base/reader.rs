@@ -59,8 +59,6 @@ fn decode_ref(v: &[u8]) -> Result<(BlockHash, BlockRecord), String> {
     ))
 }
 
-pub(crate) const PACK_KEY_PURPOSE: &str = "tenantfs 2026-11 base pack key v1";
-
 /// Open packs and the key to open their slots.
 pub struct PackReader {
     dir: PathBuf,
@@ -71,15 +69,15 @@ pub struct PackReader {
 }
 
 impl PackReader {
-    pub fn new(data: &DataDir) -> Self {
-        let key = data.master_key().derive(PACK_KEY_PURPOSE);
-        Self {
+    pub fn new(data: &DataDir) -> Result<Self, BaseError> {
+        let key = super::host_keys::host_key(data, super::host_keys::HostKey::Pack)?;
+        Ok(Self {
             dir: data.root().join("base").join("packs"),
             cipher: Aes256Gcm::new_from_slice(key.bytes()).expect("32-byte key"),
             slabs: SlabAllocator::new(),
             io: Box::new(PreadIo),
             packs: Mutex::default(),
-        }
+        })
     }
 
     pub fn dir(&self) -> &Path {
@@ -288,14 +286,20 @@ pub fn open_volume(
     let from_base = tenant.info().base.is_some();
     let volume = crate::volume::Volume::open_as(tenant, opening)?;
     Ok(if from_base {
-        volume.with_base(Arc::new(BaseBlockReader::new(data, cache)))
+        let reader = BaseBlockReader::new(data, cache).map_err(|e| {
+            crate::volume::VolumeError::BaseKeys {
+                tenant: volume.tenant().info().name.clone(),
+                detail: e.to_string(),
+            }
+        })?;
+        volume.with_base(Arc::new(reader))
     } else {
         volume
     })
 }
 
 impl BaseBlockReader {
-    pub fn new(data: &DataDir, cache: Option<Arc<HostCache>>) -> Self {
+    pub fn new(data: &DataDir, cache: Option<Arc<HostCache>>) -> Result<Self, BaseError> {
         let batch = match UringIo::new() {
             Ok(u) => Some(u),
             Err(e) => {
@@ -303,11 +307,11 @@ impl BaseBlockReader {
                 None
             }
         };
-        Self {
-            packs: PackReader::new(data),
+        Ok(Self {
+            packs: PackReader::new(data)?,
             cache,
             batch,
-        }
+        })
     }
 
     fn cached(&self, hash: &BlockHash, out: &mut [u8]) -> bool {

@@ -75,6 +75,9 @@ pub enum Command {
     /// to one).
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// The data dir's master key.
+    #[command(subcommand)]
+    Key(KeyCommand),
     /// Block volumes: create, list, resize, delete; attach as /dev/ublkbN or over NBD through
     /// the daemon.
     #[command(subcommand)]
@@ -129,6 +132,20 @@ pub enum VolumeCommand {
     /// Stop serving volume NAME (NBD clients are disconnected, a device is deleted, refused
     /// while mounted; the store is synced and closed).
     Detach { name: String },
+}
+
+#[derive(Subcommand)]
+pub enum KeyCommand {
+    /// Move the data dir to a new master key: every key sealed under the old one (tenants',
+    /// base templates', the host's base keys) is sealed under the new one, which replaces
+    /// master.key where the data dir keeps its key. Through the daemon when one runs. A
+    /// crash leaves the data dir under the old key or the new one; run it again to finish.
+    RotateMaster {
+        /// The new key's file (32 raw bytes or 64 hex characters, mode 0600); made, with a
+        /// random key, when there is none.
+        #[arg(long)]
+        new_key: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]

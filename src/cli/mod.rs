@@ -4,6 +4,7 @@
 mod args;
 pub mod base;
 pub mod cache;
+pub mod key;
 pub mod mount;
 pub mod snapshot;
 pub mod stats;
@@ -11,8 +12,8 @@ pub mod tenant;
 pub mod volume;
 
 pub use args::{
-    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, Limit, SnapshotCommand, TenantCommand,
-    VolumeCommand,
+    BaseCommand, CacheCommand, Cli, Command, ConfigCommand, KeyCommand, Limit, SnapshotCommand,
+    TenantCommand, VolumeCommand,
 };
 
 use std::path::PathBuf;

@@ -13,8 +13,9 @@ use std::time::Duration;
 
 use super::protocol::{AttachVia, Refusal, Reply, Request, Response};
 use super::replies::{
-    CacheReleaseReply, CacheReport, ForkReply, KeyReply, LimitsReply, MountReply, QuotaReply,
-    SnapshotReply, StatsReply, TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
+    CacheReleaseReply, CacheReport, ForkReply, KeyReply, LimitsReply, MasterKeyReply, MountReply,
+    QuotaReply, SnapshotReply, StatsReply, TenantListReply, UmountReply, VolumeAttachReply,
+    VolumeDetachReply,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -229,6 +230,14 @@ impl Client {
             rewrite,
         };
         call!(self, req, Key)
+    }
+
+    /// Moves the data dir to the master key in `new_key` (absolute), the server with it.
+    pub fn rotate_master(&self, new_key: &Path) -> Result<MasterKeyReply, ControlError> {
+        let req = Request::RotateMaster {
+            new_key: new_key.to_string_lossy().into_owned(),
+        };
+        call!(self, req, MasterKey)
     }
 
     pub fn stats(&self) -> Result<StatsReply, ControlError> {

@@ -8,8 +8,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::replies::{
-    CacheReleaseReply, CacheReport, ForkReply, KeyReply, LimitsReply, MountReply, QuotaReply,
-    SnapshotReply, StatsReply, TenantListReply, UmountReply, VolumeAttachReply, VolumeDetachReply,
+    CacheReleaseReply, CacheReport, ForkReply, KeyReply, LimitsReply, MasterKeyReply, MountReply,
+    QuotaReply, SnapshotReply, StatsReply, TenantListReply, UmountReply, VolumeAttachReply,
+    VolumeDetachReply,
 };
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -88,6 +89,9 @@ pub enum Request {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         rewrite: bool,
     },
+    /// Move the data dir to the master key in the file `new_key` (an absolute path the
+    /// server reads), this process with it.
+    RotateMaster { new_key: String },
 }
 
 /// How a block volume is to be served.
@@ -155,6 +159,7 @@ pub enum Reply {
     Snapshot(SnapshotReply),
     Fork(ForkReply),
     Key(KeyReply),
+    MasterKey(MasterKeyReply),
 }
 
 /// Why a request was not carried out. Callers decide on `code`; `message` is for people.
@@ -198,6 +203,8 @@ pub enum RefusalCode {
     NotAttached,
     /// A snapshot, fork or key rotation failed (the message says why and what was done).
     SnapshotFailed,
+    /// A master key rotation failed (the message says why and what to do).
+    RotationFailed,
     /// A code from a newer server.
     #[serde(other)]
     Unknown,

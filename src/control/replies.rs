@@ -136,6 +136,22 @@ pub struct KeyReply {
     pub rewrite: Option<RewriteReply>,
 }
 
+/// The data dir moved to a new master key (see `master_rotation`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MasterKeyReply {
+    /// Tenants whose keys moved.
+    pub tenants: u64,
+    /// Base templates whose keys moved.
+    pub templates: u64,
+    /// Where the data dir keeps the new key, if it keeps its key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub installed: Option<String>,
+    /// Whether this finished a rotation an earlier run committed.
+    #[serde(default)]
+    pub finished_earlier: bool,
+    pub took_ms: u64,
+}
+
 /// A served tenant's files under older keys written again under its writing key.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RewriteReply {

@@ -170,6 +170,11 @@ impl MasterKey {
         Ok(key)
     }
 
+    /// Writes the key to `path` (mode 0600), replacing what is there in one rename.
+    pub(crate) fn write_file(&self, path: &Path) -> std::io::Result<()> {
+        crate::fs_util::write_atomic(path, &self.0[..], 0o600)
+    }
+
     /// Wraps a tenant key for storage, bound to the tenant's name.
     pub fn wrap_tenant_key(&self, tenant: &str, key: &TenantKey) -> Result<Vec<u8>, KeyError> {
         seal(&self.0, &tenant_aad(tenant), &key.0[..])

@@ -598,6 +598,9 @@ impl ServingHost {
             Request::RotateKey { tenant, rewrite } => {
                 Reply::Key(self.rotate_key(&tenant, rewrite)?)
             }
+            Request::RotateMaster { new_key } => {
+                Reply::MasterKey(self.rotate_master(Path::new(&new_key))?)
+            }
         })
     }
 

@@ -2,8 +2,10 @@
 //! the process that serves the tenant, since only it may open the tenant's store
 //! (`snapshots`, `forks` and `tenants` do the work).
 
+use std::path::Path;
+
 use super::ServingHost;
-use crate::control::replies::{ForkReply, KeyReply, RewriteReply, SnapshotReply};
+use crate::control::replies::{ForkReply, KeyReply, MasterKeyReply, RewriteReply, SnapshotReply};
 use crate::control::{Refusal, RefusalCode};
 
 impl ServingHost {
@@ -52,6 +54,35 @@ impl ServingHost {
             tenant: new.to_owned(),
             disk_bytes: forked.info.disk_bytes,
             took_us,
+        })
+    }
+
+    /// Moves the data dir to the master key in file `new_key` (made there if there is none),
+    /// this process with it (see `master_rotation`).
+    pub fn rotate_master(&self, new_key: &Path) -> Result<MasterKeyReply, Refusal> {
+        let failed = |e: String| {
+            Refusal::new(
+                RefusalCode::RotationFailed,
+                format!("the master key was not rotated: {e}"),
+            )
+        };
+        let (next, _) =
+            crate::master_rotation::new_key_file(new_key).map_err(|e| failed(e.to_string()))?;
+        let done = crate::master_rotation::rotate_master(&self.data, next, new_key).map_err(
+            |e| match e {
+                // Committed: the message says so, and what finishes it.
+                crate::master_rotation::RotationError::Unfinished { .. } => {
+                    Refusal::new(RefusalCode::RotationFailed, e.to_string())
+                }
+                e => failed(e.to_string()),
+            },
+        )?;
+        Ok(MasterKeyReply {
+            tenants: done.tenants as u64,
+            templates: done.templates as u64,
+            installed: done.installed.map(|p| p.display().to_string()),
+            finished_earlier: done.finished_earlier,
+            took_ms: done.took.as_millis() as u64,
         })
     }
 

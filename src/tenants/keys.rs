@@ -23,9 +23,15 @@ pub(super) fn keyring(
     for k in &record.keys {
         let id = KeyId::from_hex(&k.id).ok_or_else(|| bad(format!("key id {:?}", k.id)))?;
         let wrapped = hex::decode(&k.wrapped).map_err(|e| bad(e.to_string()))?;
-        let key = data
-            .master_key()
+        let master = data.master_key();
+        // During a master key rotation a key has a second seal: the one under the new key.
+        let next = match &k.wrapped_next {
+            Some(n) => Some(hex::decode(n).map_err(|e| bad(e.to_string()))?),
+            None => None,
+        };
+        let key = master
             .unwrap_tenant_key(name, &wrapped)
+            .or_else(|| next.and_then(|n| master.unwrap_tenant_key(name, &n)))
             .ok_or_else(|| TenantError::WrongKey(name.to_owned()))?;
         keys.push((id, key));
     }
@@ -79,6 +85,7 @@ pub fn rotate_key_closed(data: &DataDir, name: &str) -> Result<KeyId, TenantErro
 /// a crash leaves the old ring or the new one). The caller holds the tenant's lock and
 /// [`record_changes`].
 fn add_key(data: &DataDir, name: &str) -> Result<(KeyId, TenantKey), TenantError> {
+    let _keys = data.hold_keys()?;
     let (id, key) = (KeyId::generate()?, TenantKey::generate()?);
     let wrapped = hex::encode(data.master_key().wrap_tenant_key(name, &key)?);
     rewrite_record_held(data.root(), name, |r| {
@@ -86,6 +93,7 @@ fn add_key(data: &DataDir, name: &str) -> Result<(KeyId, TenantKey), TenantError
             id: id.to_hex(),
             wrapped,
             base: false,
+            wrapped_next: None,
         });
         r.writing_key = Some(id.to_hex());
     })?;
@@ -159,6 +167,7 @@ fn ring_for(
             id: id.to_hex(),
             wrapped: wrap(key)?,
             base: *base,
+            wrapped_next: None,
         });
     }
     let (own_id, own) = (KeyId::generate()?, TenantKey::generate()?);
@@ -166,6 +175,7 @@ fn ring_for(
         id: own_id.to_hex(),
         wrapped: wrap(&own)?,
         base: false,
+        wrapped_next: None,
     });
     Ok((keys, own_id, own))
 }
@@ -236,6 +246,9 @@ pub fn delete_shredded(data: &DataDir, name: &str) -> Result<Vec<String>, Tenant
         Err(TenantError::Shredded(_)) => None,
         r => Some(r?),
     } {
+        // Held until the zeros are synced: a master key rotation must not write the record
+        // again over them, nor this zero a record it replaced.
+        let _keys = crate::data_dir::hold_records(data.root())?;
         let bytes = fs::read(&path).map_err(io_err(&path))?;
         let keys = keyring(data, name, &dir, &record)?;
         holders = holders_of(data, name, &keys, &record)?;
@@ -284,4 +297,61 @@ fn holders_of(
         }
     }
     Ok(holders)
+}
+
+/// A step of a master key rotation on a record (see `master_rotation`).
+#[derive(Clone, Copy)]
+pub(crate) enum Reseal<'a> {
+    /// Every key gets a second seal, under this key, beside its seal under the data dir's.
+    Add(&'a crate::crypto::MasterKey),
+    /// Every key keeps only the seal under the data dir's key (the rotation's new one by
+    /// now).
+    Settle,
+}
+
+/// Takes step `step` of a master key rotation on tenant `name`'s record, and on that of a
+/// restore of it on its way; a shredded tenant has none to change. The caller holds the
+/// data dir's keys alone. Returns how many records it wrote.
+pub(crate) fn reseal(data: &DataDir, name: &str, step: Reseal) -> Result<usize, TenantError> {
+    let dir = data.tenants_dir().join(name);
+    let mut written = 0;
+    for path in [dir.join(RECORD), dir.join(RESTORING_RECORD)] {
+        if !path.exists() {
+            continue;
+        }
+        let mut record = match read_record_file(&path, name) {
+            Err(TenantError::Shredded(_)) => continue,
+            // Deleted meanwhile (a delete's rename waits for the keys; this is its rest).
+            Err(TenantError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                continue
+            }
+            r => r?,
+        };
+        let master = data.master_key();
+        for k in &mut record.keys {
+            let sealed = |hex_key: &str| -> Option<TenantKey> {
+                master.unwrap_tenant_key(name, &hex::decode(hex_key).ok()?)
+            };
+            match step {
+                Reseal::Add(next) => {
+                    let key = sealed(&k.wrapped)
+                        .or_else(|| k.wrapped_next.as_deref().and_then(sealed))
+                        .ok_or_else(|| TenantError::WrongKey(name.to_owned()))?;
+                    k.wrapped_next = Some(hex::encode(next.wrap_tenant_key(name, &key)?));
+                }
+                Reseal::Settle => match k.wrapped_next.take() {
+                    Some(n) if sealed(&n).is_some() => k.wrapped = n,
+                    _ if sealed(&k.wrapped).is_some() => {}
+                    _ => return Err(TenantError::WrongKey(name.to_owned())),
+                },
+            }
+        }
+        record.settle_version();
+        let json = serde_json::to_vec_pretty(&record).expect("record serialises");
+        write_atomic(&path, &json, 0o600).map_err(io_err(&path))?;
+        written += 1;
+    }
+    Ok(written)
 }

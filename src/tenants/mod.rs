@@ -42,7 +42,7 @@ mod keys;
 mod restore;
 
 use keys::keyring;
-pub(crate) use keys::{create_fork, create_from_base_store};
+pub(crate) use keys::{create_fork, create_from_base_store, reseal, Reseal};
 pub use keys::{delete_shredded, key_ids, rotate_key, rotate_key_closed};
 use restore::finish_restore;
 pub(crate) use restore::replace_store;
@@ -58,7 +58,7 @@ const RESTORING_RECORD: &str = "tenant.json.restoring";
 /// The record's layout: 2 holds a ring of keys (`keys`, `writing_key`); 3 also marks a key as
 /// its base's (`RecordKey::base`), and is written only then. A record of 1 (one key,
 /// `wrapped_key`) is read as a ring of that key and written as 2 when it next changes.
-const FORMAT_VERSION: u32 = 3;
+const FORMAT_VERSION: u32 = 4;
 /// Block size of a new volume when none is given.
 pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
 
@@ -111,6 +111,8 @@ pub enum TenantError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Key(#[from] KeyError),
+    #[error(transparent)]
+    DataDir(#[from] crate::data_dir::DataDirError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -185,6 +187,10 @@ struct RecordKey {
     /// the base's, not the tenant's own (a shred does not count tenants that hold it).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     base: bool,
+    /// The key sealed under the master key a rotation moves to (format 4), while it is on
+    /// its way: `wrapped` opens under the old master key, this under the new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wrapped_next: Option<String>,
 }
 
 impl TenantRecord {
@@ -214,12 +220,16 @@ impl TenantRecord {
         }
     }
 
-    /// The oldest format that holds the record: 3 only if a key is marked as its base's, so
-    /// that a tenantfs of format 2 still reads every other record.
+    /// The oldest format that holds the record: 4 only while a master key rotation gives a
+    /// key a second seal, 3 only if a key is marked as its base's, so that an older tenantfs
+    /// still reads every other record.
     fn settle_version(&mut self) {
-        self.format_version = match self.keys.iter().any(|k| k.base) {
-            true => 3,
-            false => 2,
+        self.format_version = if self.keys.iter().any(|k| k.wrapped_next.is_some()) {
+            4
+        } else if self.keys.iter().any(|k| k.base) {
+            3
+        } else {
+            2
         };
     }
 
@@ -347,6 +357,7 @@ pub fn create_as(
             id: id.to_hex(),
             wrapped: hex::encode(data.master_key().wrap_tenant_key(name, &key)?),
             base: false,
+            wrapped_next: None,
         }];
         drop(TenantDb::open(
             host,
@@ -376,6 +387,7 @@ fn create_staged<E: From<TenantError>>(
     // (What a killed create left is not looked for here: that would read every tenant's
     // name. `delete --shred` removes it: a killed fork's holds its source's keys.)
     let staging = root.join(format!(".creating-{name}-{}", std::process::id()));
+    let _keys = data.hold_keys().map_err(TenantError::from)?;
     // Taken by a create of the same name in this process, which goes on.
     fs::create_dir(&staging).map_err(|e| match e.kind() {
         std::io::ErrorKind::AlreadyExists => TenantError::Exists(name.to_owned()),
@@ -405,7 +417,12 @@ fn create_staged<E: From<TenantError>>(
 }
 
 fn read_record(dir: &Path, name: &str) -> Result<TenantRecord, TenantError> {
-    let path = dir.join(RECORD);
+    read_record_file(&dir.join(RECORD), name)
+}
+
+/// [`read_record`] of the record at `path` (a tenant's, or a restore's on its way).
+fn read_record_file(path: &Path, name: &str) -> Result<TenantRecord, TenantError> {
+    let path = path.to_owned();
     let bytes = fs::read(&path).map_err(io_err(&path))?;
     if !bytes.is_empty() && bytes.iter().all(|&b| b == 0) {
         return Err(TenantError::Shredded(name.to_owned()));
@@ -436,13 +453,16 @@ fn read_record(dir: &Path, name: &str) -> Result<TenantRecord, TenantError> {
                 id: KeyId::FIRST.to_hex(),
                 wrapped,
                 base: false,
+                wrapped_next: None,
             }];
             record.writing_key = Some(KeyId::FIRST.to_hex());
             record.format_version = 2;
         }
-        // A key marked as its base's needs format 3.
+        // A key marked as its base's needs format 3, a second seal format 4.
         (false, None, false)
-            if record.format_version >= 3 || !record.keys.iter().any(|k| k.base) => {}
+            if (record.format_version >= 3 || !record.keys.iter().any(|k| k.base))
+                && (record.format_version >= 4
+                    || record.keys.iter().all(|k| k.wrapped_next.is_none())) => {}
         _ => {
             return Err(bad(format!(
                 "its keys do not fit format version {}",
@@ -520,7 +540,12 @@ fn lock(root: &Path, name: &str) -> Result<TenantLock, TenantError> {
             source,
         },
     })?;
-    finish_restore(name, &tenants_dir(root).join(name))?;
+    let dir = tenants_dir(root).join(name);
+    if dir.join(RESTORING_RECORD).exists() || dir.join(REPLACED_DB).exists() {
+        // It may put the restore's record in place: not beside a master key rotation.
+        let _keys = crate::data_dir::hold_records(root)?;
+        finish_restore(name, &dir)?;
+    }
     Ok(lock)
 }
 
@@ -643,6 +668,7 @@ fn rewrite_record_held(
     change: impl FnOnce(&mut TenantRecord),
 ) -> Result<(), TenantError> {
     let dir = tenant_dir(root, name)?;
+    let _keys = crate::data_dir::hold_records(root)?;
     let mut record = read_record(&dir, name)?;
     change(&mut record);
     record.settle_version();
@@ -743,8 +769,11 @@ pub fn delete(data: &DataDir, name: &str) -> Result<(), TenantError> {
     };
     let lock = lock(data.root(), name)?;
     let doomed = root.join(format!(".deleting-{name}-{}", std::process::id()));
-    fs::rename(&dir, &doomed).map_err(io_err(&dir))?;
-    sync_dir(&root).map_err(io_err(&root))?;
+    {
+        let _keys = crate::data_dir::hold_records(data.root())?;
+        fs::rename(&dir, &doomed).map_err(io_err(&dir))?;
+        sync_dir(&root).map_err(io_err(&root))?;
+    }
     fail::fail_point!("delete-renamed");
     drop(lock);
     fs::remove_dir_all(&doomed).map_err(io_err(&doomed))?;

@@ -18,6 +18,7 @@ pub(crate) fn replace_store(
     device_size: Option<u64>,
 ) -> Result<(), TenantError> {
     let dir = tenant_dir(root, name)?;
+    let _keys = crate::data_dir::hold_records(root)?;
     let mut record = read_record(&dir, name)?;
     record.device_size = device_size;
     let (copy, replaced) = (dir.join(RESTORING_DB), dir.join(REPLACED_DB));

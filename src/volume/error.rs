@@ -70,6 +70,8 @@ pub enum VolumeError {
         detail: String,
         no_space: bool,
     },
+    #[error("tenant {tenant}: {detail}")]
+    BaseKeys { tenant: String, detail: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -117,6 +119,7 @@ impl VolumeError {
             VolumeError::HostFull { .. } => libc::ENOSPC,
             VolumeError::Damaged { .. } => libc::EIO,
             VolumeError::BaseBlock { .. }
+            | VolumeError::BaseKeys { .. }
             | VolumeError::Format { .. }
             | VolumeError::Incomplete { .. }
             | VolumeError::Panicked(_) => libc::EIO,

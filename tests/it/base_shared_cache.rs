@@ -53,7 +53,7 @@ fn fifty_tenants_share_one_cached_copy_of_their_base() {
             .unwrap();
     }
     drop(base);
-    let reader = Arc::new(BaseBlockReader::new(&data, Some(cache.clone())));
+    let reader = Arc::new(BaseBlockReader::new(&data, Some(cache.clone())).unwrap());
     let volumes: Vec<Volume> = (0..TENANTS)
         .map(|t| {
             let tenant = tenantfs::tenants::open(&data, &host, &format!("t{t:02}")).unwrap();

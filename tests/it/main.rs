@@ -20,6 +20,7 @@ mod encryption_at_rest;
 mod fuse_model;
 mod fuse_mount;
 mod generators;
+mod master_key;
 mod mount_helper;
 mod pressure_live;
 mod shipped_binary;

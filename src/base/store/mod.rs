@@ -3,6 +3,7 @@
 
 mod import;
 mod template;
+pub(crate) use template::reseal as reseal_templates;
 mod upkeep;
 
 use std::collections::{HashMap, HashSet};
@@ -173,9 +174,7 @@ impl BaseStore {
         let packs_dir = root.join("packs");
         std::fs::create_dir_all(&packs_dir).map_err(BaseError::io(&packs_dir))?;
         let index_dir = root.join("index");
-        let key: TenantKey = data
-            .master_key()
-            .derive("tenantfs 2026-11 base index key v1");
+        let key: TenantKey = super::host_keys::host_key(data, super::host_keys::HostKey::Index)?;
         let index = TenantDb::open(
             host,
             INDEX_NAME,
@@ -191,7 +190,7 @@ impl BaseStore {
             data_root: data.root().to_owned(),
             packs_dir,
             index,
-            packs: PackReader::new(data),
+            packs: PackReader::new(data)?,
         };
         for mut record in store.records()? {
             match record.state {

@@ -28,8 +28,11 @@ use super::{BaseError, BaseRecord, BaseStore};
 use crate::crypto::{KeyId, Keyring, TenantKey};
 use crate::data_dir::DataDir;
 use crate::store::{Encryption, OpenMode, StoreHost, TenantDb};
+use crate::tenants::Reseal;
 
-const FORMAT_VERSION: u32 = 1;
+/// Version 2 only while a master key rotation gives the key a second seal (version 1 readers
+/// refuse it rather than miss that seal).
+const FORMAT_VERSION: u32 = 2;
 const RECORD: &str = "template.json";
 const DB: &str = "db";
 /// How long a create waits for another thread of this process building the same template
@@ -46,6 +49,9 @@ struct TemplateRecord {
     key_id: String,
     /// The template's key sealed under the master key, bound to [`key_name`] (hex).
     wrapped_key: String,
+    /// During a master key rotation, the key sealed under the new master key (format 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    wrapped_key_next: Option<String>,
 }
 
 /// A base's template, ready to be copied.
@@ -89,6 +95,11 @@ impl BaseStore {
             return Ok(t);
         }
         let started = Instant::now();
+        // Held until the template is in place: its key is sealed under the master key, which
+        // a rotation must not change meanwhile (it reseals templates in place only).
+        let _keys = data
+            .hold_keys()
+            .map_err(crate::tenants::TenantError::from)?;
         let dir = dir_of(data.root(), &record.name);
         let staging = staging_of(&dir);
         remove_if_there(&staging)?;
@@ -167,11 +178,12 @@ impl BaseStore {
         drop(db);
         std::fs::remove_dir_all(&build).map_err(BaseError::io(&build))?;
         let json = serde_json::to_vec_pretty(&TemplateRecord {
-            format_version: FORMAT_VERSION,
+            format_version: 1,
             base: base.to_owned(),
             base_created_unix: record.created_unix,
             key_id: key_id.to_hex(),
             wrapped_key: wrapped,
+            wrapped_key_next: None,
         })
         .expect("a template record serialises");
         let path = staging.join(RECORD);
@@ -201,7 +213,7 @@ fn read(data: &DataDir, record: &BaseRecord) -> Result<Option<Template>, BaseErr
             known: FORMAT_VERSION,
         });
     }
-    if t.format_version != FORMAT_VERSION || t.base != record.name {
+    if t.format_version == 0 || t.base != record.name {
         return Err(bad(format!(
             "format version {} of base {:?}; this tenantfs reads version {FORMAT_VERSION}",
             t.format_version, t.base
@@ -211,16 +223,82 @@ fn read(data: &DataDir, record: &BaseRecord) -> Result<Option<Template>, BaseErr
         return Ok(None); // of an earlier import of a base of that name
     }
     let key_id = KeyId::from_hex(&t.key_id).ok_or_else(|| bad("a bad key id".into()))?;
-    let wrapped = hex::decode(&t.wrapped_key).map_err(|e| bad(e.to_string()))?;
-    let key = data
-        .master_key()
-        .unwrap_tenant_key(&key_name(&record.name), &wrapped)
+    let key = open_key(data, &record.name, &t)
         .ok_or_else(|| bad("its key does not open under this master key".into()))?;
     Ok(Some(Template {
         db: dir.join(DB),
         key_id,
         key,
     }))
+}
+
+/// Template `t`'s key (of base `base`), from either of its seals.
+fn open_key(data: &DataDir, base: &str, t: &TemplateRecord) -> Option<TenantKey> {
+    let master = data.master_key();
+    let open = |hex_key: &str| {
+        let bytes = hex::decode(hex_key).ok()?;
+        master.unwrap_tenant_key(&key_name(base), &bytes)
+    };
+    open(&t.wrapped_key).or_else(|| t.wrapped_key_next.as_deref().and_then(open))
+}
+
+/// Takes step `step` of a master key rotation on every template's record (see
+/// `tenants::reseal`). The caller holds the data dir's keys alone. Returns how many it wrote.
+pub(crate) fn reseal(data: &DataDir, step: Reseal) -> Result<usize, BaseError> {
+    let templates = data.root().join("base").join("templates");
+    let entries = match std::fs::read_dir(&templates) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(BaseError::io(&templates)(e)),
+    };
+    let mut written = 0;
+    for entry in entries {
+        let entry = entry.map_err(BaseError::io(&templates))?;
+        let base = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path().join(RECORD);
+        if base.starts_with('.') || !path.exists() {
+            continue; // a build on its way (holding the keys), or one a kill left
+        }
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue, // deleted meanwhile
+            Err(e) => return Err(BaseError::io(&path)(e)),
+        };
+        let damaged = |detail: String| BaseError::TemplateDamaged {
+            base: base.clone(),
+            path: entry.path(),
+            detail,
+        };
+        let mut t: TemplateRecord =
+            serde_json::from_slice(&bytes).map_err(|e| damaged(e.to_string()))?;
+        if t.format_version > FORMAT_VERSION {
+            return Err(BaseError::NewerFormat {
+                base: format!("{base}'s template"),
+                found: t.format_version,
+                known: FORMAT_VERSION,
+            });
+        }
+        let key = open_key(data, &base, &t)
+            .ok_or_else(|| damaged("its key does not open under this master key".into()))?;
+        let master = data.master_key();
+        match step {
+            Reseal::Add(next) => {
+                t.wrapped_key = hex::encode(master.wrap_tenant_key(&key_name(&base), &key)?);
+                t.wrapped_key_next =
+                    Some(hex::encode(next.wrap_tenant_key(&key_name(&base), &key)?));
+                t.format_version = 2;
+            }
+            Reseal::Settle => {
+                t.wrapped_key = hex::encode(master.wrap_tenant_key(&key_name(&base), &key)?);
+                t.wrapped_key_next = None;
+                t.format_version = 1;
+            }
+        }
+        let json = serde_json::to_vec_pretty(&t).expect("a template record serialises");
+        crate::fs_util::write_atomic(&path, &json, 0o600).map_err(BaseError::io(&path))?;
+        written += 1;
+    }
+    Ok(written)
 }
 
 /// This process's hold on building base `base`'s template, once no other holds it.
