@@ -3,7 +3,7 @@
 //! Each tenant's files live in its own RocksDB instance, encrypted at rest ([`store`]), under
 //! keys derived from one host master key ([`crypto`], [`data_dir`]). The tenant registry
 //! ([`tenants`]) creates, lists, opens and deletes tenants. See ARCHITECTURE.md for the data
-//! flow and on-disk format.
+//! flow and docs/format.md for the on-disk format.
 
 // Every operation the compiler cannot check sits in a block of its own with a `// SAFETY:`
 // comment that says why it holds, also inside functions that are themselves unchecked.

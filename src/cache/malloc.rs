@@ -11,7 +11,8 @@
 //! 1 MiB batch, arena block and cipher buffer was a fresh mapping, faulted in page by page and
 //! unmapped on free: 1.3 million minor faults per GiB written, half the daemon's CPU on a
 //! streaming write. At 4 MiB they are reused from the two arenas: 0.2-0.36 million faults,
-//! 1.2-1.7 instead of 3.4 CPU seconds per GiB, 570-650 instead of 400 MiB/s (BENCHMARKS.md).
+//! 1.2-1.7 instead of 3.0-3.2 CPU seconds per GiB, 570-650 instead of 400 MiB/s
+//! (docs/decisions/0004-64k-chunks-and-malloc-threshold.md).
 //! What the arenas then hold free after a burst (about the size of the write buffers) goes
 //! back to the kernel with [`give_back_free_heap`]: on release, unmount, a budget cut by the
 //! memory governor, and every [`GIVE_BACK_EVERY`] from the governor's tick.

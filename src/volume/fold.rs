@@ -6,7 +6,8 @@
 //! later: once its file has had no block write for [`FILE_QUIET`], or the chunk none for
 //! [`CHUNK_QUIET`] (a file written slowly but without pause). One 64 KiB rewrite then serves
 //! every write into the chunk since the last fold. Measured on 4 KiB random writes over a
-//! freshly written 1 GiB file (`rw.sh` in BENCHMARKS.md): splitting at the first write into
+//! freshly written 1 GiB file (`rw.sh` in
+//! docs/decisions/0005-fold-block-writes-into-chunks.md): splitting at the first write into
 //! a chunk ran at 20k IOPS (a 64 KiB read and 60 KiB of WAL in the writer's path), folding a
 //! chunk after 2 s without writes to it at 26k (folds ran mid-job, under the file's lock),
 //! and waiting for the file to go quiet at the speed of block writes alone. An earlier fold
@@ -28,7 +29,7 @@
 //! (flushed into blob files, then moved by blob collection: a new cache key each time) they
 //! were read from disk once more each, 50k misses in the 20 s buffered job of the fio suite
 //! (22.4-25.3k IOPS over /dev/fuse, against 37.3-39.3k and 1-1.5k misses now; `buf3.sh` in
-//! BENCHMARKS.md). Chunks are folded in file order, so the merged chunks of a file land side
+//! docs/decisions/0005-fold-block-writes-into-chunks.md). Chunks are folded in file order, so the merged chunks of a file land side
 //! by side in the extent file, and read-ahead reads them in large reads. Holes never
 //! overlay a chunk (an absent block key would show the chunk through), so writes that make
 //! holes still split at once (`data.rs`), and so does a writer when the queue is full or

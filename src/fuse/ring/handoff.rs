@@ -6,7 +6,7 @@
 //! once (`guest_halt_poll_ns` 0, as on the benchmark machine) waking that CPU is a hypervisor
 //! exit, and a caller that waits on every request (one fio job, a cached 4 KiB read each time)
 //! bounces between the CPUs: 0.85 moves a request, p50 34 us where 15 us is possible
-//! (BENCHMARKS.md).
+//! (docs/decisions/0009-fuse-over-io-uring-host-rings.md).
 //!
 //! How: the scheduler counts a CPU that runs only SCHED_IDLE threads as idle when it places a
 //! woken thread. A queue thread whose callers have started to move submits its replies as

@@ -3,8 +3,8 @@
 //!
 //! Why: over /dev/fuse a request wakes whichever worker thread sleeps in `read`, usually on
 //! the other CPU, and that cross-CPU wake-up is most of a request's cost on this kind of host
-//! (BENCHMARKS.md, "What a FUSE request costs": 22 us a request, 11 us when both sides share
-//! a CPU, ~1 us of it ours).
+//! (BENCHMARKS.md, "What a FUSE request costs": a statfs takes 13-16 us, 46-63 us with the
+//! two sides pinned to different CPUs, and 10-11 us over the ring).
 //!
 //! How (Linux >= 6.14, `enable_uring` on): at INIT a mount's [`Ring`] makes its entries (a
 //! 288-byte header and a payload buffer as large as the biggest request, for each of the

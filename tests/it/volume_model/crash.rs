@@ -456,7 +456,7 @@ fn wal_child(root: &str) {
 /// A logged write that returned is in the WAL file, not in a buffer of the process: killed
 /// right after its last write, a child that synced nothing loses none of them. (RocksDB's
 /// `manual_wal_flush`, which would buffer them, makes a WAL write that fails on a full disk
-/// fatal to the store: see BENCHMARKS.md, the small-file tree.)
+/// fatal to the store: see docs/decisions/0010-wal-before-the-reply.md.)
 #[test]
 fn kill9_loses_no_acknowledged_logged_write() {
     if let Some((root, _, _)) = child_spec(WAL_CHILD_ENV) {
