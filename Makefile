@@ -11,9 +11,11 @@ SHELL := /bin/bash
 # qemu-system-x86, busybox-static, cpio, xz-utils: the VM harness (tests/vm/vm.sh), which
 # also fetches Debian's cloud kernel package into its cache on first use; qemu-utils
 # (qemu-img, qemu-io), libnbd-bin (nbdinfo, nbdcopy), nbd-client (run in the VM): NBD
-# clients of the block volume tests; linux-perf: the FUSE request counts of `make bench`.
+# clients of the block volume tests; linux-perf: the FUSE request counts of `make bench`;
+# mmdebstrap: the systemd guest's root filesystem (tests/vm/systemd-guest.sh).
 DEBS := build-essential clang libclang-dev pkg-config fuse3 fio util-linux mount e2fsprogs git python3 \
-	qemu-system-x86 busybox-static cpio xz-utils qemu-utils libnbd-bin nbd-client linux-perf strace
+	qemu-system-x86 busybox-static cpio xz-utils qemu-utils libnbd-bin nbd-client linux-perf strace \
+	mmdebstrap
 
 .PHONY: all deps build demo test lint bench asan install clean
 
@@ -58,6 +60,8 @@ test: deps
 	@$(FUSE_PAGES)
 	@# The VM tests' kernel (ublk, nbd, cgroup v2): downloaded once, kept in /var/tmp.
 	@bash tests/vm/vm.sh prepare
+	@# The systemd guest's root filesystem, from Debian's packages: built once, kept there too.
+	@bash tests/vm/systemd-guest.sh prepare
 	@# The binary users get, built as `make build` builds it, kept for the test that finds no
 	@# failpoint registry in it (the test build below, with the crash points, replaces
 	@# release/tenantfs). tee opens its file before cargo makes the target dir: a fresh machine

@@ -28,4 +28,5 @@ mod snapshots;
 mod store_ffi;
 mod systemd_units;
 mod vm;
+mod vm_systemd;
 mod volume_model;
