@@ -16,18 +16,27 @@ pub fn run_in_vm(script: &str, programs: &[&str], disk: Option<&Path>) -> (bool,
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("test.sh");
     std::fs::write(&path, script).unwrap();
-    let harness = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm/vm.sh");
-    let mut c = Command::new("bash");
+    let mut c = harness("vm.sh");
     if let Some(disk) = disk {
         c.env("VM_DISK", disk);
     }
-    let out = c
-        .arg(harness)
-        .arg("run")
-        .arg(&path)
-        .args(programs)
-        .output()
-        .expect("run tests/vm/vm.sh");
+    console_of(c.arg("run").arg(&path).args(programs))
+}
+
+/// `bash tests/vm/<script>`, ready for its arguments.
+pub fn harness(script: &str) -> Command {
+    let mut c = Command::new("bash");
+    c.arg(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/vm")
+            .join(script),
+    );
+    c
+}
+
+/// Runs a harness command: whether it succeeded, and what it printed (the VM's console).
+pub fn console_of(c: &mut Command) -> (bool, String) {
+    let out = c.output().expect("run the VM harness");
     let console = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

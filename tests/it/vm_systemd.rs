@@ -6,33 +6,16 @@
 //! so is one that stops answering (the watchdog); `systemctl stop` leaves no mount behind.
 
 use std::path::Path;
-use std::process::Command;
 
 use crate::common::process::BIN;
+use crate::vm::{console_of, harness};
 
 /// Runs `script` in the guest booted from `disk`; its exit status and console.
 fn boot(disk: &Path, script: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("test.sh");
     std::fs::write(&path, script).unwrap();
-    let out = Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm/systemd-guest.sh"))
-        .arg("boot")
-        .arg(disk)
-        .arg(&path)
-        .output()
-        .expect("run tests/vm/systemd-guest.sh");
-    let console = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_ne!(
-        out.status.code(),
-        Some(2),
-        "the guest harness failed:\n{console}"
-    );
-    (out.status.success(), console)
+    console_of(harness("systemd-guest.sh").arg("boot").arg(disk).arg(&path))
 }
 
 fn wants(console: &str, lines: &[&str]) {
@@ -45,14 +28,8 @@ fn wants(console: &str, lines: &[&str]) {
 fn the_installed_daemon_runs_under_systemd_across_a_reboot_a_kill_and_a_stop() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let disk = dir.path().join("guest.img");
-    let made = Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/vm/systemd-guest.sh"))
-        .arg("image")
-        .arg(&disk)
-        .arg(BIN)
-        .output()
-        .unwrap();
-    assert!(made.status.success(), "{made:?}");
+    let (made, console) = console_of(harness("systemd-guest.sh").arg("image").arg(&disk).arg(BIN));
+    assert!(made, "{console}");
     let (ok, console) = boot(
         &disk,
         r#"

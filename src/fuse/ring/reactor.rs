@@ -303,6 +303,9 @@ impl Reactor {
     ///
     /// # Safety
     /// Every buffer `sqe` names must stay valid until its completion is taken.
+    // SAFETY: unsafe for its callers' sake only: the kernel reads and writes the buffers the
+    // entry names until it completes, which the caller guarantees; the push itself holds the
+    // sq lock (see the block below).
     pub unsafe fn push(&self, sqe: &squeue::Entry128) {
         loop {
             {
